@@ -1,0 +1,111 @@
+#pragma once
+// Block attention of a rank's queries against one K/V block, forward and backward, tiled in
+// the FlashAttention-2 manner: a Q tile against a K/V tile, the score tile kept in cache,
+// no L x L scratch. Pure math: no MPI, no I/O, no allocation (scratch comes in a Workspace).
+//
+// Shapes, for one head group (b, g) with G query heads sharing one kv head:
+//   q, dout, o, dq   [Lq*G, D]  row r is local query position r / G
+//   m, l, lse, delta [Lq*G]
+//   k, v, dk, dv     [Lk, D]
+// Positions are global and sorted; visibility is decided by the Mask on global positions.
+#include <span>
+#include <vector>
+
+#include "ringattn/core/function_ref.hpp"
+#include "ringattn/core/mask.hpp"
+#include "ringattn/core/packed.hpp"
+
+namespace ringattn::core {
+
+struct Tiling {
+  Index q_rows = 128;  // rows of a query tile (positions x heads)
+  Index k_cols = 256;  // keys of a K/V tile
+};
+
+// Work actually done, counted as FlashAttention does: forward 4*rows*cols*D per computed tile
+// pair, backward 2.5x that (five GEMMs of 2*rows*cols*D instead of two).
+struct Work {
+  Index tile_pairs = 0;
+  double flops = 0;
+  Work& operator+=(const Work& o) {
+    tile_pairs += o.tile_pairs;
+    flops += o.flops;
+    return *this;
+  }
+};
+
+using Progress = FunctionRef<void()>;
+
+template <class T>
+struct Workspace {
+  explicit Workspace(const Tiling& t = {}) : tiling(t), s(t.q_rows * t.k_cols), p(t.q_rows * t.k_cols), rowbuf(t.q_rows) {}
+  Tiling tiling;
+  std::vector<T> s, p, rowbuf;
+};
+
+// One rank's queries in packed form, with what the forward keeps per row.
+template <class T>
+struct QueryShard {
+  Packing pk;                     // L = this rank's positions
+  std::span<const Index> pos;     // [L] global positions, increasing
+  const T* q = nullptr;           // query-like
+};
+
+template <class T>
+struct KVBlock {
+  Packing pk;                     // L = the block's positions, G = 1
+  std::span<const Index> pos;     // [Lk]
+  const T* k = nullptr;           // kv-like
+  const T* v = nullptr;
+};
+
+// Online-softmax state per query row: running max m, exp-sum l, weighted sum a.
+template <class T>
+struct OnlineState {
+  T* m = nullptr;    // row stats, init -inf
+  T* l = nullptr;    // row stats, init 0
+  T* acc = nullptr;  // query-like, init 0
+};
+
+template <class T>
+void init_online_state(const Packing& pk, OnlineState<T> st);
+
+// Fold one K/V block into the running state of every query row:
+//   m' = max(m, max_j S_ij), c = e^(m - m'), l' = c l + sum_j e^(S_ij - m'),
+//   a' = c a + sum_j e^(S_ij - m') V_j,   S_ij = scale * q_i . k_j over visible j.
+template <class T>
+Work block_forward(const QueryShard<T>& q, const KVBlock<T>& kv, const Mask& mask, T scale, OnlineState<T> st,
+                   Workspace<T>& ws, Progress progress = {});
+
+// O = a / l and LSE = m + log l, in place over the state (acc becomes O, m becomes LSE).
+// A row with no visible key has O = 0 and LSE = -inf.
+template <class T>
+void finalize_forward(const Packing& pk, OnlineState<T> st);
+
+// What the backward needs of the query side.
+template <class T>
+struct GradQueryShard {
+  QueryShard<T> q;
+  const T* dout = nullptr;   // query-like
+  const T* lse = nullptr;    // row stats
+  const T* delta = nullptr;  // row stats: D_i = sum_d dO_i . O_i
+  T* dq = nullptr;           // query-like, accumulated
+};
+
+// D_i = sum_d dO_id O_id for every row.
+template <class T>
+void compute_delta(const Packing& pk, const T* dout, const T* o, T* delta);
+
+// Contribution of the local queries through one K/V block, accumulated into dq (local) and
+// dk, dv (kv-like, shaped like the block):
+//   P = exp(S - LSE), dP = dO V^T, dS = P o (dP - D),
+//   dQ += scale dS K,  dK += scale dS^T Q,  dV += P^T dO.
+template <class T>
+Work block_backward(const GradQueryShard<T>& g, const KVBlock<T>& kv, const Mask& mask, T scale, T* dk, T* dv,
+                    Workspace<T>& ws, Progress progress = {});
+
+// Whether any (query, key) pair of the rank and the block is visible (a whole block that is
+// not is skipped: no compute, no gradient).
+bool block_visible(const Mask& mask, std::span<const Index> qpos, std::span<const Index> kpos);
+
+}  // namespace ringattn::core

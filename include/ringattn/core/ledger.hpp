@@ -1,0 +1,33 @@
+#pragma once
+// The communication and memory ledger of one rank (seed 000, "protocol accounting"), in elements.
+// The runtime counts what actually moved; expected_ledger() is the closed form for the ring
+// protocol in which every block travels (forward N-1 sends and receives per rank, the same again
+// for the replay, and one gradient return per (query rank, remote owner) pair).
+#include <string>
+
+#include "ringattn/core/layout.hpp"
+
+namespace ringattn::core {
+
+struct Ledger {
+  Index fwd_kv_send_elems = 0, fwd_kv_recv_elems = 0;
+  Index replay_kv_send_elems = 0, replay_kv_recv_elems = 0;
+  Index grad_send_elems = 0, grad_recv_elems = 0;
+  Index resident_qkv_elems = 0;   // the rank's own Q, K and V
+  Index remote_block_elems = 0;   // the largest remote K/V block it held
+  Index online_state_elems = 0;   // m, l and a: L * B * H * (D + 2)
+
+  Index send_elems() const { return fwd_kv_send_elems + replay_kv_send_elems + grad_send_elems; }
+  Index recv_elems() const { return fwd_kv_recv_elems + replay_kv_recv_elems + grad_recv_elems; }
+  bool operator==(const Ledger&) const = default;
+  std::string str() const;
+};
+
+// Closed form for rank r. With e = 2 B HKV D (K and V of one position) and L_o the sizes:
+//   fwd send  = e * sum_{j=0}^{N-2} L_{(r-j) mod N}     fwd recv  = e * (S - L_r)
+//   grad send = e * (S - L_r)                           grad recv = e * (N - 1) * L_r
+//   resident  = B L_r (H + 2 HKV) D    remote block = e * max_{o != r} L_o    online = L_r B H (D + 2)
+// The replay equals the forward; without a backward pass the replay and gradients are zero.
+Ledger expected_ledger(const Layout& layout, const Shape& shape, int rank, bool backward);
+
+}  // namespace ringattn::core

@@ -1,0 +1,25 @@
+#pragma once
+// Dense float64 reference attention over whole (global) tensors, forward and backward.
+// Written independently of the block kernels: two-pass softmax per row, plain loops, O(S^2).
+// Only --check and the tests use it.
+//   q, dout, o, dq [B, S, H, D];  k, v, dk, dv [B, S, HKV, D];  lse [B, H, S]
+#include <vector>
+
+#include "ringattn/core/mask.hpp"
+
+namespace ringattn::core {
+
+struct DenseResult {
+  std::vector<double> o, lse, dq, dk, dv;
+  double loss = 0;  // sum dout . o
+};
+
+DenseResult reference_attention(const Shape& s, const Mask& mask, double scale, const std::vector<double>& q,
+                                const std::vector<double>& k, const std::vector<double>& v,
+                                const std::vector<double>& dout, bool backward = true);
+
+// max |x - ref| / max |ref| over the entries; -inf must match -inf exactly (else +inf error),
+// NaN anywhere gives +inf. max |ref| below 1e-300 falls back to the absolute error.
+double max_rel_error(const std::vector<double>& x, const std::vector<double>& ref);
+
+}  // namespace ringattn::core

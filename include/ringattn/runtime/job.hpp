@@ -1,0 +1,46 @@
+#pragma once
+// `ringattn run` as a library call: inputs (read or generated), timed iterations of the ring
+// forward and backward, the dense check, atomic outputs, the report and the summary.
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "ringattn/comm/comm.hpp"
+#include "ringattn/core/block_attention.hpp"
+
+namespace ringattn::runtime {
+
+using core::Index;
+
+struct JobConfig {
+  // Shape; 0 or "" = not given (with --inputs the files decide; otherwise defaults apply).
+  Index seq = 0, batch = 0, heads = 0, kv_heads = 0, head_dim = 0;
+  std::string dtype;
+  bool causal = false;
+  Index window = 0;
+  std::vector<Index> doc_lens;
+  std::string layout = "contiguous";
+  std::vector<Index> partition;
+  std::optional<double> scale;
+  std::uint64_t seed = 0;
+  std::string inputs, out, report, trace;
+  bool check = false, backward = true;
+  int warmup = 0, iters = 1;
+  double timeout = 0;
+  core::Tiling tiling;
+  int drop_grad_step = -1;  // test hook, see RingSetup
+};
+
+// Default shape when neither options nor files give it.
+inline constexpr Index kDefaultSeq = 1024, kDefaultBatch = 1, kDefaultHeads = 4, kDefaultHeadDim = 64;
+
+// Returns the exit code (0 ok, 1 check failed). Bad input throws InputError on every rank
+// (the ranks agree first), runtime failures throw RuntimeFailure.
+int run_job(const comm::Comm& comm, const JobConfig& cfg);
+
+// Relative tolerance of --check against the float64 reference: f32 3e-4 (a few hundred ulps of
+// float after exp amplifies score rounding by |S|, and sums over S keys), f64 1e-10.
+double check_tolerance(core::DType t);
+
+}  // namespace ringattn::runtime

@@ -1,0 +1,88 @@
+#pragma once
+// Ring attention on one rank: the forward pass rotates K/V blocks around the ring, the backward
+// pass replays them and returns each dK/dV contribution straight to the block's owner.
+//
+// Step indexing (both passes): at step j = 0 .. N-1 rank r holds the K/V block of owner
+// (r - j) mod N; it receives the next one from r-1 and sends the current one to r+1 while it
+// computes. In the backward pass, after step j it sends its contribution for block (r - j) to
+// that owner and receives from (r + j) mod N the contribution to its own block; the owner adds
+// them in step order after its own, so results are bitwise reproducible for a given N and layout.
+#include <vector>
+
+#include "ringattn/comm/comm.hpp"
+#include "ringattn/core/block_attention.hpp"
+#include "ringattn/core/layout.hpp"
+#include "ringattn/core/ledger.hpp"
+
+namespace ringattn::runtime {
+
+using core::Index;
+
+struct RingSetup {
+  core::Shape shape;
+  const core::Layout* layout = nullptr;
+  const core::Mask* mask = nullptr;
+  double scale = 1.0;
+  core::Tiling tiling;
+  double timeout_s = 0;  // watchdog on every wait; 0 = none
+  // Test hook: the owner ignores the gradient contribution received at this step (-1: none).
+  int drop_grad_step = -1;
+};
+
+enum class Pass { forward = 0, backward = 1 };
+
+struct StepRecord {
+  Pass pass;
+  int step;
+  int src;           // owner of the K/V block attended at this step
+  double compute_s;  // time in the block kernel (including progress polls)
+  double wait_s;     // time blocked on transfers that had not completed (exposed communication)
+  Index bytes;       // bytes sent + received during this step
+};
+
+struct PassStats {
+  double total_s = 0, compute_s = 0, wait_s = 0;
+  core::Work work;
+  std::vector<StepRecord> steps;
+};
+
+template <class T>
+class RingAttention {
+ public:
+  RingAttention(const comm::Comm& comm, const RingSetup& setup);
+
+  // Local inputs in file order: q, dout [B, L, H, D]; k, v [B, L, HKV, D] (dout may be null
+  // when there is no backward pass).
+  void load(const T* q, const T* k, const T* v, const T* dout);
+  PassStats forward();
+  PassStats backward();  // after forward()
+  // Local outputs in file order: o, dq [B, L, H, D]; lse [B, H, L]; dk, dv [B, L, HKV, D].
+  // Any pointer may be null.
+  void outputs(T* o, T* lse, T* dq, T* dk, T* dv) const;
+  // What moved during the last forward (and backward), counted as it moved.
+  const core::Ledger& ledger() const { return ledger_; }
+  Index local_size() const { return L_; }
+  // Bytes of every buffer this rank holds for the ring (its memory budget).
+  Index resident_bytes() const;
+
+ private:
+  core::Packing packing(int owner) const;  // a K/V block of `owner`
+  Index block_elems(int owner) const { return 2 * packing(owner).kv_elems(); }
+  core::KVBlock<T> view(int owner, const T* kv) const;
+
+  const comm::Comm& comm_;
+  RingSetup s_;
+  int r_, N_;
+  Index L_;
+  core::Packing pq_;
+  core::QueryShard<T> qshard_;
+  std::vector<T> q_, kv_own_, dout_;
+  std::vector<T> m_, l_, acc_;       // online state; after finalize: lse in m_, O in acc_
+  std::vector<T> delta_, dq_, dkv_own_;
+  std::vector<T> kv_buf_[2];         // the two remote K/V buffers
+  std::vector<T> grad_send_[2], grad_recv_[2];
+  core::Workspace<T> ws_;
+  core::Ledger ledger_;
+};
+
+}  // namespace ringattn::runtime

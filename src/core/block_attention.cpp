@@ -1,0 +1,205 @@
+#include "ringattn/core/block_attention.hpp"
+
+#include <Eigen/Core>
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+namespace ringattn::core {
+namespace {
+
+template <class T>
+using Mat = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+template <class T>
+using MMap = Eigen::Map<Mat<T>>;
+template <class T>
+using CMap = Eigen::Map<const Mat<T>>;
+template <class T>
+using Vec = Eigen::Map<Eigen::Array<T, Eigen::Dynamic, 1>>;
+
+template <class T>
+constexpr T kNegInf = -std::numeric_limits<T>::infinity();
+
+// Tile geometry: query rows [r0, r0+tq) of one head group, keys [c0, c0+tk) of one block.
+struct Tile {
+  Index r0, tq, c0, tk;
+};
+
+// Class of a tile from the global positions of its first and last rows and keys.
+inline TileClass classify_tile(const Mask& mask, std::span<const Index> qpos, Index G, std::span<const Index> kpos,
+                               const Tile& t) {
+  if (mask.is_full()) return TileClass::full;
+  return mask.classify(qpos[t.r0 / G], qpos[(t.r0 + t.tq - 1) / G], kpos[t.c0], kpos[t.c0 + t.tk - 1]);
+}
+
+// Set the scores of invisible pairs to -inf (partial tiles only).
+template <class T>
+void apply_mask(MMap<T>& s, const Mask& mask, std::span<const Index> qpos, Index G, std::span<const Index> kpos,
+                const Tile& t) {
+  for (Index i = 0; i < t.tq; ++i) {
+    const Index qi = qpos[(t.r0 + i) / G];
+    T* row = s.row(i).data();
+    for (Index j = 0; j < t.tk; ++j)
+      if (!mask.visible(qi, kpos[t.c0 + j])) row[j] = kNegInf<T>;
+  }
+}
+
+}  // namespace
+
+template <class T>
+void init_online_state(const Packing& pk, OnlineState<T> st) {
+  std::fill_n(st.m, pk.row_elems(), kNegInf<T>);
+  std::fill_n(st.l, pk.row_elems(), T(0));
+  std::fill_n(st.acc, pk.q_elems(), T(0));
+}
+
+bool block_visible(const Mask& mask, std::span<const Index> qpos, std::span<const Index> kpos) {
+  if (qpos.empty() || kpos.empty()) return false;
+  if (mask.is_full()) return true;
+  return mask.classify(qpos.front(), qpos.back(), kpos.front(), kpos.back()) != TileClass::empty;
+}
+
+template <class T>
+Work block_forward(const QueryShard<T>& q, const KVBlock<T>& kv, const Mask& mask, T scale, OnlineState<T> st,
+                   Workspace<T>& ws, Progress progress) {
+  // B, HKV, G, D shared; Lq rows*G on the query side, Lk keys on the block side.
+  const Index G = q.pk.G, D = q.pk.D, rows = q.pk.L * G, Lk = kv.pk.L;
+  Work work;
+  if (!block_visible(mask, q.pos, kv.pos)) return work;
+  const Index TQ = ws.tiling.q_rows, TK = ws.tiling.k_cols;
+  for (Index b = 0; b < q.pk.B; ++b) {
+    for (Index g = 0; g < q.pk.HKV; ++g) {
+      const T* qg = q.q + q.pk.q_group(b, g);
+      const T* kg = kv.k + kv.pk.kv_group(b, g);
+      const T* vg = kv.v + kv.pk.kv_group(b, g);
+      T* mg = st.m + q.pk.row_group(b, g);
+      T* lg = st.l + q.pk.row_group(b, g);
+      T* ag = st.acc + q.pk.q_group(b, g);
+      for (Index r0 = 0; r0 < rows; r0 += TQ) {
+        const Index tq = std::min(TQ, rows - r0);
+        CMap<T> Qt(qg + r0 * D, tq, D);
+        MMap<T> At(ag + r0 * D, tq, D);
+        Vec<T> m(mg + r0, tq), l(lg + r0, tq), c(ws.rowbuf.data(), tq);
+        for (Index c0 = 0; c0 < Lk; c0 += TK) {
+          const Tile t{r0, tq, c0, std::min(TK, Lk - c0)};
+          const TileClass cls = classify_tile(mask, q.pos, G, kv.pos, t);
+          if (cls == TileClass::empty) continue;
+          CMap<T> Kt(kg + c0 * D, t.tk, D), Vt(vg + c0 * D, t.tk, D);
+          MMap<T> S(ws.s.data(), tq, t.tk);
+          // pass 1: scores S = scale Q K^T, invisible pairs -inf
+          S.noalias() = scale * (Qt * Kt.transpose());
+          if (cls == TileClass::partial) apply_mask(S, mask, q.pos, G, kv.pos, t);
+          // pass 2: running max, rescale factor c = e^(m - m'), P = e^(S - m'), exp-sum
+          for (Index i = 0; i < tq; ++i) {
+            const T m_new = std::max(m[i], S.row(i).maxCoeff());
+            if (m_new == kNegInf<T>) {  // nothing visible yet: keep P = 0, state untouched
+              S.row(i).setZero();
+              c[i] = T(1);
+              continue;
+            }
+            S.row(i).array() = (S.row(i).array() - m_new).exp();
+            c[i] = std::exp(m[i] - m_new);  // e^(-inf) = 0 on the first visible block
+            l[i] = c[i] * l[i] + S.row(i).sum();
+            m[i] = m_new;
+          }
+          // pass 3: a' = c a + P V
+          At.array().colwise() *= c;
+          At.noalias() += S * Vt;
+          ++work.tile_pairs;
+          work.flops += 4.0 * double(tq) * double(t.tk) * double(D);
+          progress();
+        }
+      }
+    }
+  }
+  return work;
+}
+
+template <class T>
+void finalize_forward(const Packing& pk, OnlineState<T> st) {
+  const Index rows = pk.row_elems(), D = pk.D;
+  for (Index r = 0; r < rows; ++r) {
+    T* a = st.acc + r * D;
+    if (st.l[r] == T(0)) {  // no visible key: O = 0, LSE = -inf, never NaN
+      std::fill_n(a, D, T(0));
+      st.m[r] = kNegInf<T>;
+      continue;
+    }
+    const T inv = T(1) / st.l[r];
+    for (Index d = 0; d < D; ++d) a[d] *= inv;
+    st.m[r] = st.m[r] + std::log(st.l[r]);
+  }
+}
+
+template <class T>
+void compute_delta(const Packing& pk, const T* dout, const T* o, T* delta) {
+  const Index rows = pk.row_elems(), D = pk.D;
+  CMap<T> dO(dout, rows, D), O(o, rows, D);
+  Eigen::Map<Eigen::Matrix<T, Eigen::Dynamic, 1>>(delta, rows) = (dO.array() * O.array()).rowwise().sum();
+}
+
+template <class T>
+Work block_backward(const GradQueryShard<T>& gq, const KVBlock<T>& kv, const Mask& mask, T scale, T* dk, T* dv,
+                    Workspace<T>& ws, Progress progress) {
+  const QueryShard<T>& q = gq.q;
+  const Index G = q.pk.G, D = q.pk.D, rows = q.pk.L * G, Lk = kv.pk.L;
+  Work work;
+  if (!block_visible(mask, q.pos, kv.pos)) return work;
+  const Index TQ = ws.tiling.q_rows, TK = ws.tiling.k_cols;
+  for (Index b = 0; b < q.pk.B; ++b) {
+    for (Index g = 0; g < q.pk.HKV; ++g) {
+      const Index qo = q.pk.q_group(b, g), ro = q.pk.row_group(b, g), ko = kv.pk.kv_group(b, g);
+      // in the forward pass this was: K/V tile outer so dK/dV tiles stay in cache while all
+      // query tiles stream past; dQ rows are revisited once per K/V tile.
+      for (Index c0 = 0; c0 < Lk; c0 += TK) {
+        const Index tk = std::min(TK, Lk - c0);
+        CMap<T> Kt(kv.k + ko + c0 * D, tk, D), Vt(kv.v + ko + c0 * D, tk, D);
+        MMap<T> dKt(dk + ko + c0 * D, tk, D), dVt(dv + ko + c0 * D, tk, D);
+        for (Index r0 = 0; r0 < rows; r0 += TQ) {
+          const Tile t{r0, std::min(TQ, rows - r0), c0, tk};
+          const TileClass cls = classify_tile(mask, q.pos, G, kv.pos, t);
+          if (cls == TileClass::empty) continue;
+          const Index tq = t.tq;
+          CMap<T> Qt(q.q + qo + r0 * D, tq, D), dOt(gq.dout + qo + r0 * D, tq, D);
+          MMap<T> dQt(gq.dq + qo + r0 * D, tq, D);
+          const T* lse = gq.lse + ro + r0;
+          const T* delta = gq.delta + ro + r0;
+          MMap<T> P(ws.s.data(), tq, tk), dS(ws.p.data(), tq, tk);
+          // pass 1: recompute P = exp(scale Q K^T - LSE) from the row LSE; invisible pairs 0
+          P.noalias() = scale * (Qt * Kt.transpose());
+          if (cls == TileClass::partial) apply_mask(P, mask, q.pos, G, kv.pos, t);
+          for (Index i = 0; i < tq; ++i) {
+            if (lse[i] == kNegInf<T>) P.row(i).setZero();  // row sees no key anywhere
+            else P.row(i).array() = (P.row(i).array() - lse[i]).exp();
+          }
+          // pass 2: dV += P^T dO
+          dVt.noalias() += P.transpose() * dOt;
+          // pass 3: dP = dO V^T, dS = P o (dP - D)
+          dS.noalias() = dOt * Vt.transpose();
+          for (Index i = 0; i < tq; ++i) dS.row(i).array() = P.row(i).array() * (dS.row(i).array() - delta[i]);
+          // pass 4: dQ += scale dS K, dK += scale dS^T Q
+          dQt.noalias() += scale * (dS * Kt);
+          dKt.noalias() += scale * (dS.transpose() * Qt);
+          ++work.tile_pairs;
+          work.flops += 10.0 * double(tq) * double(tk) * double(D);
+          progress();
+        }
+      }
+    }
+  }
+  return work;
+}
+
+#define RINGATTN_INSTANTIATE(T)                                                                                    \
+  template void init_online_state<T>(const Packing&, OnlineState<T>);                                              \
+  template Work block_forward<T>(const QueryShard<T>&, const KVBlock<T>&, const Mask&, T, OnlineState<T>,          \
+                                 Workspace<T>&, Progress);                                                         \
+  template void finalize_forward<T>(const Packing&, OnlineState<T>);                                               \
+  template void compute_delta<T>(const Packing&, const T*, const T*, T*);                                          \
+  template Work block_backward<T>(const GradQueryShard<T>&, const KVBlock<T>&, const Mask&, T, T*, T*,             \
+                                  Workspace<T>&, Progress);
+RINGATTN_INSTANTIATE(float)
+RINGATTN_INSTANTIATE(double)
+#undef RINGATTN_INSTANTIATE
+
+}  // namespace ringattn::core

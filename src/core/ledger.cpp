@@ -1,0 +1,52 @@
+#include "ringattn/core/ledger.hpp"
+
+#include <algorithm>
+#include <fmt/format.h>
+
+#include "ringattn/core/errors.hpp"
+
+namespace ringattn::core {
+
+void Shape::validate() const {
+  auto positive = [](Index v, const char* opt) {
+    if (v < 1) throw InputError(fmt::format("{}: {} is not a positive size (expected >= 1)", opt, v));
+  };
+  positive(B, "--batch");
+  positive(S, "--seq");
+  positive(H, "--heads");
+  positive(HKV, "--kv-heads");
+  positive(D, "--head-dim");
+  if (H % HKV != 0)
+    throw InputError(fmt::format("--kv-heads: H={} is not a multiple of HKV={} (expected H % HKV == 0)", H, HKV));
+}
+
+std::string Shape::str() const { return fmt::format("B={} S={} H={} HKV={} D={}", B, S, H, HKV, D); }
+
+std::string Ledger::str() const {
+  return fmt::format(
+      "fwd {}/{} replay {}/{} grad {}/{} (send/recv elems), resident {}, remote {}, online {}", fwd_kv_send_elems,
+      fwd_kv_recv_elems, replay_kv_send_elems, replay_kv_recv_elems, grad_send_elems, grad_recv_elems,
+      resident_qkv_elems, remote_block_elems, online_state_elems);
+}
+
+Ledger expected_ledger(const Layout& layout, const Shape& s, int r, bool backward) {
+  const int N = layout.ranks();
+  const Index e = 2 * s.B * s.HKV * s.D;
+  const Index Lr = layout.size(r);
+  Ledger l;
+  for (int j = 0; j + 1 < N; ++j) l.fwd_kv_send_elems += e * layout.size(((r - j) % N + N) % N);
+  l.fwd_kv_recv_elems = e * (s.S - Lr);
+  for (int o = 0; o < N; ++o)
+    if (o != r) l.remote_block_elems = std::max(l.remote_block_elems, e * layout.size(o));
+  if (backward) {
+    l.replay_kv_send_elems = l.fwd_kv_send_elems;
+    l.replay_kv_recv_elems = l.fwd_kv_recv_elems;
+    l.grad_send_elems = e * (s.S - Lr);
+    l.grad_recv_elems = e * (N - 1) * Lr;
+  }
+  l.resident_qkv_elems = s.B * Lr * (s.H + 2 * s.HKV) * s.D;
+  l.online_state_elems = Lr * s.B * s.H * (s.D + 2);
+  return l;
+}
+
+}  // namespace ringattn::core

@@ -1,0 +1,65 @@
+#include "ringattn/io/report.hpp"
+
+namespace ringattn::io {
+
+Json to_json(const Report& r) {
+  Json j = Json::object();
+  j["config"] = r.config;
+  j["loss"] = r.loss;
+  Json t = Json::object();
+  t["forward_s"] = r.forward_s;
+  t["backward_s"] = r.backward_s;
+  j["time"] = t;
+  if (r.check) {
+    Json c = Json::object();
+    c["passed"] = r.check->passed;
+    c["tolerance"] = r.check->tolerance;
+    Json e = Json::object();
+    e["o"] = r.check->o;
+    e["lse"] = r.check->lse;
+    e["dq"] = r.check->dq;
+    e["dk"] = r.check->dk;
+    e["dv"] = r.check->dv;
+    c["max_rel_err"] = e;
+    j["check"] = c;
+  }
+  Json ranks = Json::array();
+  const auto es = static_cast<std::int64_t>(r.elem_size);
+  for (const RankReport& rr : r.ranks) {
+    const core::Ledger& l = rr.ledger;
+    Json x = Json::object();
+    x["rank"] = rr.rank;
+    x["positions"] = static_cast<std::int64_t>(rr.positions);
+    Json lj = Json::object();
+    lj["fwd_kv_send_elems"] = static_cast<std::int64_t>(l.fwd_kv_send_elems);
+    lj["fwd_kv_recv_elems"] = static_cast<std::int64_t>(l.fwd_kv_recv_elems);
+    lj["replay_kv_send_elems"] = static_cast<std::int64_t>(l.replay_kv_send_elems);
+    lj["replay_kv_recv_elems"] = static_cast<std::int64_t>(l.replay_kv_recv_elems);
+    lj["grad_send_elems"] = static_cast<std::int64_t>(l.grad_send_elems);
+    lj["grad_recv_elems"] = static_cast<std::int64_t>(l.grad_recv_elems);
+    lj["send_bytes"] = static_cast<std::int64_t>(l.send_elems() * es);
+    lj["recv_bytes"] = static_cast<std::int64_t>(l.recv_elems() * es);
+    lj["resident_qkv_elems"] = static_cast<std::int64_t>(l.resident_qkv_elems);
+    lj["remote_block_elems"] = static_cast<std::int64_t>(l.remote_block_elems);
+    lj["online_state_elems"] = static_cast<std::int64_t>(l.online_state_elems);
+    x["ledger"] = lj;
+    Json tj = Json::object();
+    tj["forward_s"] = rr.forward_s;
+    tj["backward_s"] = rr.backward_s;
+    tj["compute_s"] = rr.compute_s;
+    tj["wait_s"] = rr.wait_s;
+    x["time"] = tj;
+    Json w = Json::object();
+    w["tile_pairs"] = static_cast<std::int64_t>(rr.work.tile_pairs);
+    w["flops"] = rr.work.flops;
+    const double secs = rr.forward_s + rr.backward_s;
+    w["gflops_per_s"] = secs > 0 ? rr.work.flops / secs * 1e-9 : 0.0;
+    x["work"] = w;
+    x["budget_bytes"] = static_cast<std::int64_t>(rr.budget_bytes);
+    ranks.push_back(x);
+  }
+  j["ranks"] = ranks;
+  return j;
+}
+
+}  // namespace ringattn::io

@@ -1,0 +1,592 @@
+#include "ringattn/runtime/job.hpp"
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+
+#include "ringattn/core/errors.hpp"
+#include "ringattn/core/inputs.hpp"
+#include "ringattn/core/layout.hpp"
+#include "ringattn/core/reference.hpp"
+#include "ringattn/io/json.hpp"
+#include "ringattn/io/npy.hpp"
+#include "ringattn/io/report.hpp"
+#include "ringattn/runtime/ring_attention.hpp"
+
+namespace ringattn::runtime {
+
+double check_tolerance(core::DType t) { return t == core::DType::f32 ? 3e-4 : 1e-10; }
+
+namespace {
+
+using core::DType;
+using core::Shape;
+
+// Run `fn` on every rank; if it throws InputError on any rank, every rank throws the message of
+// the lowest failing rank. Keeps ranks from waiting on a peer that already gave up.
+template <class Fn>
+void agreed(const comm::Comm& comm, Fn&& fn) {
+  std::string err;
+  try {
+    fn();
+  } catch (const InputError& e) {
+    err = e.what();
+  }
+  if (auto e = comm.agree(err)) throw InputError(*e);
+}
+
+template <class Fn>
+void agreed_runtime(const comm::Comm& comm, Fn&& fn) {
+  std::string err;
+  try {
+    fn();
+  } catch (const std::exception& e) {
+    err = e.what();
+  }
+  if (auto e = comm.agree(err)) throw RuntimeFailure(*e);
+}
+
+// A tensor with the position axis in the middle: [outer, S, inner].
+struct TensorSpec {
+  const char* name;
+  core::InputTensor id;
+  std::vector<Index> shape;
+  int pos_axis;
+  Index outer, inner;
+};
+
+struct Plan {
+  Shape shape;
+  DType dtype = DType::f32;
+  core::Layout layout = core::Layout::contiguous(1, 1);
+  core::Mask mask;
+  double scale = 1;
+  std::vector<io::NpyHeader> headers;  // q, k, v, dout when --inputs
+  bool have_dout = true;
+};
+
+std::vector<TensorSpec> input_specs(const Shape& s) {
+  return {{"q", core::InputTensor::q, {s.B, s.S, s.H, s.D}, 1, s.B, s.H * s.D},
+          {"k", core::InputTensor::k, {s.B, s.S, s.HKV, s.D}, 1, s.B, s.HKV * s.D},
+          {"v", core::InputTensor::v, {s.B, s.S, s.HKV, s.D}, 1, s.B, s.HKV * s.D},
+          {"dout", core::InputTensor::dout, {s.B, s.S, s.H, s.D}, 1, s.B, s.H * s.D}};
+}
+
+std::string path_in(const std::string& dir, const std::string& file) {
+  return (std::filesystem::path(dir) / file).string();
+}
+
+std::string shape_str(const std::vector<Index>& v) {
+  std::string s = "[";
+  for (std::size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + std::to_string(v[i]);
+  return s + "]";
+}
+
+// Shape from the four input files, each fully validated and consistent with the others and with
+// any shape option the user also gave.
+void shape_from_files(const JobConfig& c, Plan& p) {
+  const char* names[] = {"q.npy", "k.npy", "v.npy", "dout.npy"};
+  for (int t = 0; t < 4; ++t) {
+    const std::string path = path_in(c.inputs, names[t]);
+    if (t == 3 && !c.backward && !std::filesystem::exists(path)) {
+      p.have_dout = false;
+      break;
+    }
+    p.headers.push_back(io::read_npy_header(path));
+    if (p.headers.back().shape.size() != 4)
+      throw InputError(fmt::format("{}: has {} dimensions {} (expected 4: [B, S, heads, D])", path,
+                                   p.headers.back().shape.size(), shape_str(p.headers.back().shape)));
+  }
+  const auto& q = p.headers[0].shape;
+  const auto& k = p.headers[1].shape;
+  p.shape = Shape{q[0], q[1], q[2], k[2], q[3]};
+  p.dtype = p.headers[0].dtype;
+  for (std::size_t t = 1; t < p.headers.size(); ++t) {
+    const std::string path = path_in(c.inputs, names[t]);
+    if (p.headers[t].dtype != p.dtype)
+      throw InputError(fmt::format("{}: dtype {} differs from q.npy's {} (expected all inputs alike)", path,
+                                   core::dtype_name(p.headers[t].dtype), core::dtype_name(p.dtype)));
+    const std::vector<Index> want = (t == 3) ? q : std::vector<Index>{q[0], q[1], k[2], q[3]};
+    if (p.headers[t].shape != want)
+      throw InputError(fmt::format("{}: shape {} does not match q.npy {} (expected {})", path,
+                                   shape_str(p.headers[t].shape), shape_str(q), shape_str(want)));
+  }
+  auto agree_opt = [](Index given, Index file, const char* opt) {
+    if (given != 0 && given != file)
+      throw InputError(fmt::format("{} {} contradicts the input files, which give {}", opt, given, file));
+  };
+  agree_opt(c.seq, p.shape.S, "--seq");
+  agree_opt(c.batch, p.shape.B, "--batch");
+  agree_opt(c.heads, p.shape.H, "--heads");
+  agree_opt(c.kv_heads, p.shape.HKV, "--kv-heads");
+  agree_opt(c.head_dim, p.shape.D, "--head-dim");
+  if (!c.dtype.empty() && c.dtype != core::dtype_name(p.dtype))
+    throw InputError(fmt::format("--dtype {} contradicts the input files, which are {}", c.dtype,
+                                 core::dtype_name(p.dtype)));
+}
+
+Plan make_plan(const comm::Comm& comm, const JobConfig& c) {
+  Plan p;
+  if (!c.inputs.empty()) {
+    shape_from_files(c, p);
+  } else {
+    p.shape = Shape{c.batch ? c.batch : kDefaultBatch, c.seq ? c.seq : kDefaultSeq, c.heads ? c.heads : kDefaultHeads,
+                    0, c.head_dim ? c.head_dim : kDefaultHeadDim};
+    p.shape.HKV = c.kv_heads ? c.kv_heads : p.shape.H;
+    if (c.dtype.empty() || c.dtype == "f32") p.dtype = DType::f32;
+    else if (c.dtype == "f64") p.dtype = DType::f64;
+    else throw InputError(fmt::format("--dtype: unknown dtype '{}' (expected f32 or f64)", c.dtype));
+  }
+  p.shape.validate();
+  const Shape& s = p.shape;
+  // Refuse sizes whose shards cannot be held, before allocating anything.
+  const double per_rank = double(s.B) * double(s.S) / comm.size() * double(2 * s.H + s.HKV) * s.D * 8.0;
+  if (double(s.B) * s.S * s.H * s.D > 9e15 || per_rank > 1e15)
+    throw InputError(fmt::format("shape {} is too large to hold", s.str()));
+  const core::LayoutKind kind = core::parse_layout_kind(c.layout);
+  if (!c.partition.empty()) {
+    if (kind != core::LayoutKind::contiguous)
+      throw InputError(fmt::format("--partition: only applies to --layout contiguous, not {}", c.layout));
+    if (static_cast<int>(c.partition.size()) != comm.size())
+      throw InputError(fmt::format("--partition: has {} sizes for {} ranks (expected one per rank)",
+                                   c.partition.size(), comm.size()));
+    Index sum = 0;
+    for (Index n : c.partition) sum += n;
+    if (sum != s.S && std::all_of(c.partition.begin(), c.partition.end(), [](Index n) { return n >= 0; }))
+      throw InputError(fmt::format("--partition: sizes sum to {} but S is {} (expected sum == S)", sum, s.S));
+  }
+  p.layout = core::Layout::make(kind, s.S, comm.size(), c.partition);
+  if (c.window < 0) throw InputError(fmt::format("--window: {} is negative (expected W >= 1)", c.window));
+  p.mask = core::Mask::make(s.S, c.causal, c.window, c.doc_lens);
+  p.scale = c.scale ? *c.scale : 1.0 / std::sqrt(double(s.D));
+  if (!std::isfinite(p.scale)) throw InputError("--scale: must be finite");
+  return p;
+}
+
+template <class T>
+struct Shard {
+  std::vector<T> q, k, v, dout;
+  std::vector<T>* get(int t) { return t == 0 ? &q : t == 1 ? &k : t == 2 ? &v : &dout; }
+};
+
+// First non-finite value of a local tensor [outer, L, inner], reported by global index.
+template <class T>
+void check_finite(const std::vector<T>& x, const TensorSpec& spec, const core::Layout& layout, int rank,
+                  const std::string& file) {
+  const Index L = layout.size(rank), S = layout.seq();
+  auto pos = layout.positions(rank);
+  for (Index n = 0; n < static_cast<Index>(x.size()); ++n) {
+    if (std::isfinite(x[n])) continue;
+    const Index a = n / (L * spec.inner), i = (n / spec.inner) % L, e = n % spec.inner;
+    const Index flat = (a * S + pos[i]) * spec.inner + e;
+    // unravel the flat index over the tensor's shape
+    std::vector<Index> idx(spec.shape.size());
+    Index rest = flat;
+    for (int d = static_cast<int>(spec.shape.size()) - 1; d >= 0; --d) {
+      idx[d] = rest % spec.shape[d];
+      rest /= spec.shape[d];
+    }
+    throw InputError(fmt::format("{}: non-finite value {} at index {} (expected finite inputs)", file,
+                                 static_cast<double>(x[n]), shape_str(idx)));
+  }
+}
+
+template <class T>
+Shard<T> load_shard(const comm::Comm& comm, const JobConfig& c, const Plan& p) {
+  Shard<T> sh;
+  const int r = comm.rank();
+  const Index L = p.layout.size(r);
+  const auto runs = p.layout.runs(r);
+  const auto specs = input_specs(p.shape);
+  for (int t = 0; t < 4; ++t) {
+    const TensorSpec& spec = specs[t];
+    std::vector<T>& dst = *sh.get(t);
+    dst.resize(spec.outer * L * spec.inner);
+    if (!c.inputs.empty()) {
+      if (t == 3 && !p.have_dout) continue;  // zeros
+      const std::string path = path_in(c.inputs, std::string(spec.name) + ".npy");
+      io::read_npy_positions<T>(path, p.headers[t], spec.pos_axis, runs, L, dst.data());
+      check_finite(dst, spec, p.layout, r, path);
+    } else {
+      core::generate_positions<T>(c.seed, spec.id, spec.outer, p.shape.S, spec.inner, runs, L, dst.data());
+    }
+  }
+  return sh;
+}
+
+template <class T>
+struct Outputs {
+  std::vector<T> o, lse, dq, dk, dv;
+};
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const std::size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+// max |x - ref| over this rank's positions of a global reference tensor [outer, S, inner];
+// -inf must match exactly and NaN never passes (returns +inf).
+template <class T>
+double local_max_diff(const std::vector<T>& x, const std::vector<double>& ref, Index outer, Index inner,
+                      const core::Layout& layout, int rank) {
+  const Index L = layout.size(rank), S = layout.seq();
+  auto pos = layout.positions(rank);
+  double diff = 0;
+  for (Index a = 0; a < outer; ++a)
+    for (Index i = 0; i < L; ++i)
+      for (Index e = 0; e < inner; ++e) {
+        const double mine = static_cast<double>(x[(a * L + i) * inner + e]);
+        const double want = ref[(a * S + pos[i]) * inner + e];
+        if (std::isnan(mine)) return std::numeric_limits<double>::infinity();
+        if (std::isinf(want) || std::isinf(mine)) {
+          if (mine != want) return std::numeric_limits<double>::infinity();
+          continue;
+        }
+        diff = std::max(diff, std::abs(mine - want));
+      }
+  return diff;
+}
+
+double max_abs_finite(const std::vector<double>& v) {
+  double m = 0;
+  for (double x : v)
+    if (std::isfinite(x)) m = std::max(m, std::abs(x));
+  return m;
+}
+
+template <class T>
+io::CheckReport run_check(const comm::Comm& comm, const JobConfig& c, const Plan& p, const Outputs<T>& out) {
+  const Shape& s = p.shape;
+  const auto specs = input_specs(s);
+  std::vector<double> g[4];
+  agreed(comm, [&] {
+    for (int t = 0; t < 4; ++t) {
+      if (!c.inputs.empty()) {
+        if (t == 3 && !p.have_dout) g[t].assign(s.B * s.S * s.H * s.D, 0.0);
+        else g[t] = io::read_npy<double>(path_in(c.inputs, std::string(specs[t].name) + ".npy"), p.headers[t]);
+      } else {
+        const core::Run all{0, 0, s.S};
+        g[t].resize(specs[t].outer * s.S * specs[t].inner);
+        core::generate_positions<double>(c.seed, specs[t].id, specs[t].outer, s.S, specs[t].inner, {&all, 1}, s.S,
+                                         g[t].data());
+        if (p.dtype == DType::f32)  // the ranks computed on float inputs: check against those
+          for (double& x : g[t]) x = static_cast<double>(static_cast<float>(x));
+      }
+    }
+  });
+  const core::DenseResult ref = core::reference_attention(s, p.mask, p.scale, g[0], g[1], g[2], g[3], c.backward);
+  const int r = comm.rank();
+  const Index qi = s.H * s.D, ki = s.HKV * s.D;
+  std::vector<double> diff = {local_max_diff(out.o, ref.o, s.B, qi, p.layout, r),
+                              local_max_diff(out.lse, ref.lse, s.B * s.H, 1, p.layout, r),
+                              c.backward ? local_max_diff(out.dq, ref.dq, s.B, qi, p.layout, r) : 0.0,
+                              c.backward ? local_max_diff(out.dk, ref.dk, s.B, ki, p.layout, r) : 0.0,
+                              c.backward ? local_max_diff(out.dv, ref.dv, s.B, ki, p.layout, r) : 0.0};
+  comm.max_inplace(diff);
+  auto rel = [](double d, double scale) { return scale < 1e-300 ? d : d / scale; };
+  io::CheckReport cr;
+  cr.tolerance = check_tolerance(p.dtype);
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  cr.o = rel(diff[0], max_abs_finite(ref.o));
+  cr.lse = rel(diff[1], max_abs_finite(ref.lse));
+  cr.dq = c.backward ? rel(diff[2], max_abs_finite(ref.dq)) : nan;
+  cr.dk = c.backward ? rel(diff[3], max_abs_finite(ref.dk)) : nan;
+  cr.dv = c.backward ? rel(diff[4], max_abs_finite(ref.dv)) : nan;
+  const double tol = cr.tolerance;  // NaN or inf never passes
+  cr.passed = cr.o <= tol && cr.lse <= tol && (!c.backward || (cr.dq <= tol && cr.dk <= tol && cr.dv <= tol));
+  return cr;
+}
+
+// Outputs (and generated inputs) are written under temporary names by every rank at its own
+// positions, and renamed by rank 0 only when every file of every rank is complete.
+template <class T>
+void write_outputs(const comm::Comm& comm, const JobConfig& c, const Plan& p, const Shard<T>& in,
+                   const Outputs<T>& out) {
+  const Shape& s = p.shape;
+  const int r = comm.rank();
+  struct File {
+    std::string name;
+    std::vector<Index> shape;
+    int pos_axis;
+    const std::vector<T>* data;
+  };
+  std::vector<File> files = {{"o", {s.B, s.S, s.H, s.D}, 1, &out.o}, {"lse", {s.B, s.H, s.S}, 2, &out.lse}};
+  if (c.backward) {
+    files.push_back({"dq", {s.B, s.S, s.H, s.D}, 1, &out.dq});
+    files.push_back({"dk", {s.B, s.S, s.HKV, s.D}, 1, &out.dk});
+    files.push_back({"dv", {s.B, s.S, s.HKV, s.D}, 1, &out.dv});
+  }
+  if (c.inputs.empty()) {
+    files.push_back({"q", {s.B, s.S, s.H, s.D}, 1, &in.q});
+    files.push_back({"k", {s.B, s.S, s.HKV, s.D}, 1, &in.k});
+    files.push_back({"v", {s.B, s.S, s.HKV, s.D}, 1, &in.v});
+    files.push_back({"dout", {s.B, s.S, s.H, s.D}, 1, &in.dout});
+  }
+  auto tmp = [&](const File& f) { return path_in(c.out, "." + f.name + ".npy.partial"); };
+  auto cleanup = [&] {
+    if (r == 0)
+      for (const File& f : files) std::remove(tmp(f).c_str());
+  };
+  try {
+    agreed_runtime(comm, [&] {
+      if (r == 0)
+        for (const File& f : files) io::create_npy(tmp(f), p.dtype, f.shape);
+    });
+    const auto runs = p.layout.runs(r);
+    agreed_runtime(comm, [&] {
+      for (const File& f : files)
+        io::write_npy_positions<T>(tmp(f), p.dtype, f.shape, f.pos_axis, runs, p.layout.size(r), f.data->data());
+    });
+    agreed_runtime(comm, [&] {
+      if (r == 0)
+        for (const File& f : files) std::filesystem::rename(tmp(f), path_in(c.out, f.name + ".npy"));
+    });
+  } catch (...) {
+    cleanup();
+    throw;
+  }
+}
+
+void ensure_out_dir(const comm::Comm& comm, const std::string& dir) {
+  agreed(comm, [&] {
+    if (comm.rank() != 0) return;
+    std::error_code ec;
+    if (!std::filesystem::exists(dir, ec)) std::filesystem::create_directory(dir, ec);
+    if (ec || !std::filesystem::is_directory(dir))
+      throw InputError(fmt::format("--out {}: is not a directory and cannot be created", dir));
+    if (::access(dir.c_str(), W_OK) != 0) throw InputError(fmt::format("--out {}: directory is not writable", dir));
+  });
+}
+
+void check_writable_file(const comm::Comm& comm, const std::string& path, const char* opt) {
+  agreed(comm, [&] {
+    if (comm.rank() != 0 || path.empty()) return;
+    const auto parent = std::filesystem::path(path).parent_path();
+    const std::string dir = parent.empty() ? "." : parent.string();
+    if (!std::filesystem::is_directory(dir) || ::access(dir.c_str(), W_OK) != 0)
+      throw InputError(fmt::format("{} {}: directory {} does not exist or is not writable", opt, path, dir));
+  });
+}
+
+io::Json config_json(const JobConfig& c, const Plan& p, int N) {
+  io::Json j = io::Json::object();
+  j["ranks"] = N;
+  j["seq"] = static_cast<std::int64_t>(p.shape.S);
+  j["batch"] = static_cast<std::int64_t>(p.shape.B);
+  j["heads"] = static_cast<std::int64_t>(p.shape.H);
+  j["kv_heads"] = static_cast<std::int64_t>(p.shape.HKV);
+  j["head_dim"] = static_cast<std::int64_t>(p.shape.D);
+  j["dtype"] = core::dtype_name(p.dtype);
+  j["causal"] = p.mask.causal();
+  j["window"] = static_cast<std::int64_t>(c.window);
+  io::Json docs = io::Json::array();
+  for (Index n : c.doc_lens) docs.push_back(static_cast<std::int64_t>(n));
+  j["doc_lens"] = docs;
+  j["layout"] = core::layout_name(p.layout.kind());
+  io::Json part = io::Json::array();
+  for (Index n : p.layout.sizes()) part.push_back(static_cast<std::int64_t>(n));
+  j["partition"] = part;
+  j["scale"] = p.scale;
+  j["seed"] = static_cast<std::int64_t>(c.seed);
+  j["inputs"] = c.inputs;
+  j["out"] = c.out;
+  j["check"] = c.check;
+  j["report"] = c.report;
+  j["trace"] = c.trace;
+  j["backward"] = c.backward;
+  j["warmup"] = c.warmup;
+  j["iters"] = c.iters;
+  j["timeout"] = c.timeout;
+  j["tile_q"] = static_cast<std::int64_t>(c.tiling.q_rows);
+  j["tile_k"] = static_cast<std::int64_t>(c.tiling.k_cols);
+  j["mask"] = p.mask.describe();
+  return j;
+}
+
+std::string human_bytes(double b) {
+  const char* unit[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int u = 0;
+  while (b >= 1024 && u < 4) {
+    b /= 1024;
+    ++u;
+  }
+  return u == 0 ? fmt::format("{:.0f} B", b) : fmt::format("{:.2f} {}", b, unit[u]);
+}
+
+std::string ms(double s) { return fmt::format("{:.3f} ms", s * 1e3); }
+
+void print_summary(const JobConfig& c, const Plan& p, const io::Report& rep) {
+  const Shape& s = p.shape;
+  const int N = static_cast<int>(rep.ranks.size());
+  fmt::print("ringattn run: {} {}, mask {}, layout {} over N={} ranks\n", s.str(), core::dtype_name(p.dtype),
+             p.mask.describe(), core::layout_name(p.layout.kind()), N);
+  fmt::print("  time (slowest rank, median of {}): forward {}  backward {}\n", c.iters, ms(rep.forward_s),
+             c.backward ? ms(rep.backward_s) : std::string("-"));
+  fmt::print("  {:>4} {:>9} {:>11} {:>11} {:>11} {:>11} {:>7} {:>11} {:>11} {:>9}\n", "rank", "positions", "forward",
+             "backward", "compute", "wait", "wait%", "sent", "received", "GFLOP/s");
+  double sent = 0, recv = 0, flops = 0;
+  for (const io::RankReport& r : rep.ranks) {
+    const double total = r.forward_s + r.backward_s;
+    const double bs = double(r.ledger.send_elems() * Index(rep.elem_size));
+    const double br = double(r.ledger.recv_elems() * Index(rep.elem_size));
+    sent += bs;
+    recv += br;
+    flops += r.work.flops;
+    fmt::print("  {:>4} {:>9} {:>11} {:>11} {:>11} {:>11} {:>6.2f}% {:>11} {:>11} {:>9.2f}\n", r.rank, r.positions,
+               ms(r.forward_s), ms(r.backward_s), ms(r.compute_s), ms(r.wait_s),
+               total > 0 ? 100 * r.wait_s / total : 0.0, human_bytes(bs), human_bytes(br),
+               total > 0 ? r.work.flops / total * 1e-9 : 0.0);
+  }
+  fmt::print("  bytes moved: {} sent, {} received (all ranks); loss {:.10g}\n", human_bytes(sent), human_bytes(recv),
+             rep.loss);
+  if (rep.check) {
+    const io::CheckReport& k = *rep.check;
+    auto e = [](double x) { return std::isnan(x) ? std::string("-") : fmt::format("{:.2e}", x); };
+    fmt::print("  check vs float64 reference (max rel err, tol {:.0e}): o {} lse {} dq {} dk {} dv {} -> {}\n",
+               k.tolerance, e(k.o), e(k.lse), e(k.dq), e(k.dk), e(k.dv), k.passed ? "PASSED" : "FAILED");
+  }
+  (void)N;
+}
+
+void write_trace(const comm::Comm& comm, const std::string& path, const std::vector<StepRecord>& steps) {
+  std::vector<double> mine;
+  for (const StepRecord& s : steps)
+    mine.insert(mine.end(), {double(s.pass), double(s.step), double(s.src), s.compute_s, s.wait_s, double(s.bytes)});
+  const std::vector<double> all = comm.gather(mine);
+  agreed_runtime(comm, [&] {
+    if (comm.rank() != 0) return;
+    std::string text;
+    const std::size_t per = mine.size();
+    for (int r = 0; r < comm.size(); ++r)
+      for (std::size_t k = 0; k < per; k += 6) {
+        const double* x = &all[r * per + k];
+        text += fmt::format(
+            "{{\"rank\": {}, \"pass\": \"{}\", \"step\": {}, \"src\": {}, \"compute_s\": {:.9g}, \"wait_s\": {:.9g}, "
+            "\"bytes\": {}}}\n",
+            r, x[0] == 0 ? "forward" : "backward", int(x[1]), int(x[2]), x[3], x[4], std::int64_t(x[5]));
+      }
+    io::write_text_atomically(path, text);
+  });
+}
+
+template <class T>
+int run_typed(const comm::Comm& comm, const JobConfig& c, const Plan& p) {
+  const int r = comm.rank(), N = comm.size();
+  Shard<T> in;
+  agreed(comm, [&] { in = load_shard<T>(comm, c, p); });
+
+  RingSetup setup{p.shape, &p.layout, &p.mask, p.scale, c.tiling, c.timeout, c.drop_grad_step};
+  RingAttention<T> ring(comm, setup);
+  ring.load(in.q.data(), in.k.data(), in.v.data(), in.dout.data());
+
+  std::vector<double> fwd, bwd, comp, wait, fwd_slow, bwd_slow;
+  PassStats pf, pb;
+  for (int it = 0; it < c.warmup + c.iters; ++it) {
+    comm.barrier();
+    pf = ring.forward();
+    pb = c.backward ? ring.backward() : PassStats{};
+    const double slow_f = comm.max(pf.total_s), slow_b = comm.max(pb.total_s);
+    if (it < c.warmup) continue;
+    fwd.push_back(pf.total_s);
+    bwd.push_back(pb.total_s);
+    comp.push_back(pf.compute_s + pb.compute_s);
+    wait.push_back(pf.wait_s + pb.wait_s);
+    fwd_slow.push_back(slow_f);
+    bwd_slow.push_back(slow_b);
+  }
+
+  const Index L = ring.local_size();
+  const Shape& s = p.shape;
+  Outputs<T> out;
+  out.o.resize(s.B * L * s.H * s.D);
+  out.lse.resize(s.B * s.H * L);
+  if (c.backward) {
+    out.dq.resize(s.B * L * s.H * s.D);
+    out.dk.resize(s.B * L * s.HKV * s.D);
+    out.dv.resize(s.B * L * s.HKV * s.D);
+  }
+  ring.outputs(out.o.data(), out.lse.data(), c.backward ? out.dq.data() : nullptr,
+               c.backward ? out.dk.data() : nullptr, c.backward ? out.dv.data() : nullptr);
+
+  double loss = 0;  // sum dout . O, accumulated in double
+  for (std::size_t n = 0; n < out.o.size(); ++n) loss += double(in.dout[n]) * double(out.o[n]);
+  loss = comm.sum(loss);
+
+  io::Report rep;
+  rep.config = config_json(c, p, N);
+  rep.loss = loss;
+  rep.forward_s = median(fwd_slow);
+  rep.backward_s = median(bwd_slow);
+  rep.elem_size = sizeof(T);
+  if (c.check) rep.check = run_check(comm, c, p, out);
+
+  // Per-rank figures travel to rank 0 as doubles (integers below 2^53 are exact).
+  const core::Ledger& lg = ring.ledger();
+  core::Work work = pf.work;
+  work += pb.work;
+  const std::vector<double> mine = {double(L), double(lg.fwd_kv_send_elems), double(lg.fwd_kv_recv_elems),
+                                    double(lg.replay_kv_send_elems), double(lg.replay_kv_recv_elems),
+                                    double(lg.grad_send_elems), double(lg.grad_recv_elems),
+                                    double(lg.resident_qkv_elems), double(lg.remote_block_elems),
+                                    double(lg.online_state_elems), median(fwd), median(bwd), median(comp),
+                                    median(wait), double(work.tile_pairs), work.flops, double(ring.resident_bytes())};
+  const std::vector<double> all = comm.gather(mine);
+  if (r == 0) {
+    const std::size_t k = mine.size();
+    for (int q = 0; q < N; ++q) {
+      const double* x = &all[q * k];
+      io::RankReport rr;
+      rr.rank = q;
+      rr.positions = Index(x[0]);
+      rr.ledger = core::Ledger{Index(x[1]), Index(x[2]), Index(x[3]), Index(x[4]), Index(x[5]),
+                               Index(x[6]), Index(x[7]), Index(x[8]), Index(x[9])};
+      rr.forward_s = x[10];
+      rr.backward_s = x[11];
+      rr.compute_s = x[12];
+      rr.wait_s = x[13];
+      rr.work = core::Work{Index(x[14]), x[15]};
+      rr.budget_bytes = Index(x[16]);
+      rep.ranks.push_back(rr);
+    }
+  }
+
+  if (!c.out.empty()) write_outputs(comm, c, p, in, out);
+  if (!c.trace.empty()) {
+    std::vector<StepRecord> steps = pf.steps;
+    steps.insert(steps.end(), pb.steps.begin(), pb.steps.end());
+    write_trace(comm, c.trace, steps);
+  }
+  if (!c.report.empty())
+    agreed_runtime(comm, [&] {
+      if (r == 0) io::write_text_atomically(c.report, io::to_json(rep).dump(2) + "\n");
+    });
+  if (r == 0) print_summary(c, p, rep);
+  return rep.check && !rep.check->passed ? kExitCheckFailed : kExitOk;
+}
+
+}  // namespace
+
+int run_job(const comm::Comm& comm, const JobConfig& c) {
+  if (c.iters < 1) throw InputError(fmt::format("--iters: {} is not >= 1", c.iters));
+  if (c.warmup < 0) throw InputError(fmt::format("--warmup: {} is negative", c.warmup));
+  if (c.timeout < 0) throw InputError(fmt::format("--timeout: {} is negative (0 disables the watchdog)", c.timeout));
+  if (c.tiling.q_rows < 1 || c.tiling.k_cols < 1) throw InputError("tile sizes must be >= 1");
+  Plan p;
+  agreed(comm, [&] { p = make_plan(comm, c); });
+  if (!c.out.empty()) ensure_out_dir(comm, c.out);
+  check_writable_file(comm, c.report, "--report");
+  check_writable_file(comm, c.trace, "--trace");
+  return p.dtype == DType::f32 ? run_typed<float>(comm, c, p) : run_typed<double>(comm, c, p);
+}
+
+}  // namespace ringattn::runtime

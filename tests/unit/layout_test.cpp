@@ -1,0 +1,102 @@
+#include "ringattn/core/layout.hpp"
+
+#include <gtest/gtest.h>
+
+#include <numeric>
+
+#include "ringattn/core/errors.hpp"
+
+using namespace ringattn::core;
+
+namespace {
+
+// Every position has exactly one owner, local indices enumerate each rank's positions in
+// increasing global order, and runs cover exactly those positions.
+void expect_consistent(const Layout& l) {
+  const Index S = l.seq();
+  std::vector<int> seen(S, 0);
+  Index total = 0;
+  for (int r = 0; r < l.ranks(); ++r) {
+    auto pos = l.positions(r);
+    ASSERT_EQ(static_cast<Index>(pos.size()), l.size(r));
+    total += l.size(r);
+    for (Index i = 0; i < l.size(r); ++i) {
+      ++seen[pos[i]];
+      EXPECT_EQ(l.owner(pos[i]), r);
+      EXPECT_EQ(l.local_index(pos[i]), i);
+      if (i > 0) {
+        EXPECT_LT(pos[i - 1], pos[i]);
+      }
+    }
+    Index covered = 0;
+    for (const Run& run : l.runs(r)) {
+      for (Index k = 0; k < run.length; ++k) EXPECT_EQ(pos[run.local_begin + k], run.global_begin + k);
+      covered += run.length;
+    }
+    EXPECT_EQ(covered, l.size(r));
+  }
+  EXPECT_EQ(total, S);
+  for (Index p = 0; p < S; ++p) EXPECT_EQ(seen[p], 1) << "position " << p;
+}
+
+}  // namespace
+
+TEST(Layout, ContiguousBalancedGivesFirstRanksTheRemainder) {
+  const Layout l = Layout::contiguous(11, 4);
+  EXPECT_EQ(l.sizes(), (std::vector<Index>{3, 3, 3, 2}));
+  expect_consistent(l);
+  EXPECT_EQ(l.runs(1).size(), 1u);
+  EXPECT_EQ(l.runs(1)[0].global_begin, 3);
+}
+
+TEST(Layout, ContiguousWithFewerPositionsThanRanksLeavesEmptyShards) {
+  const Layout l = Layout::contiguous(3, 5);
+  EXPECT_EQ(l.sizes(), (std::vector<Index>{1, 1, 1, 0, 0}));
+  expect_consistent(l);
+  EXPECT_TRUE(l.runs(4).empty());
+}
+
+TEST(Layout, ExplicitPartitionWithZerosRoundTrips) {
+  const Layout l = Layout::partitioned({10, 0, 27});
+  EXPECT_EQ(l.seq(), 37);
+  EXPECT_EQ(l.size(1), 0);
+  EXPECT_EQ(l.positions(2)[0], 10);
+  expect_consistent(l);
+}
+
+TEST(Layout, NegativePartitionIsRejected) {
+  EXPECT_THROW(Layout::partitioned({3, -1, 2}), ringattn::InputError);
+}
+
+TEST(Layout, StripedDealsPositionsRoundRobin) {
+  const Layout l = Layout::striped(10, 4);
+  EXPECT_EQ(l.sizes(), (std::vector<Index>{3, 3, 2, 2}));
+  EXPECT_EQ(std::vector<Index>(l.positions(1).begin(), l.positions(1).end()), (std::vector<Index>{1, 5, 9}));
+  expect_consistent(l);
+}
+
+TEST(Layout, ZigzagPairsChunkRWithChunk2NMinus1MinusR) {
+  // S = 16, N = 4: chunks of 2; rank 0 owns chunks 0 and 7.
+  const Layout l = Layout::zigzag(16, 4);
+  EXPECT_EQ(std::vector<Index>(l.positions(0).begin(), l.positions(0).end()), (std::vector<Index>{0, 1, 14, 15}));
+  EXPECT_EQ(std::vector<Index>(l.positions(3).begin(), l.positions(3).end()), (std::vector<Index>{6, 7, 8, 9}));
+  expect_consistent(l);
+}
+
+TEST(Layout, ZigzagHandlesAnySIncludingSBelow2N) {
+  for (int N = 1; N <= 6; ++N)
+    for (Index S = 1; S <= 30; ++S) {
+      SCOPED_TRACE(testing::Message() << "S=" << S << " N=" << N);
+      expect_consistent(Layout::zigzag(S, N));
+      expect_consistent(Layout::striped(S, N));
+      expect_consistent(Layout::contiguous(S, N));
+    }
+  // S = 5, N = 3: 6 chunks, first 5 of length 1; rank 0 owns chunks 0 and 5 (empty).
+  const Layout l = Layout::zigzag(5, 3);
+  EXPECT_EQ(l.sizes(), (std::vector<Index>{1, 2, 2}));
+}
+
+TEST(Layout, ParseRejectsUnknownNames) {
+  EXPECT_EQ(parse_layout_kind("zigzag"), LayoutKind::zigzag);
+  EXPECT_THROW(parse_layout_kind("diagonal"), ringattn::InputError);
+}
