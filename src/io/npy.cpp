@@ -222,7 +222,7 @@ class HeaderParser {
   }
 
   DType parse_descr() {
-    constexpr std::string_view expected = "'<f4' or '<f8' (little-endian float32 or float64)";
+    constexpr std::string_view expected = "'<f4' or '<f8', little-endian float32 or float64";
     if (peek() != '\'' && peek() != '"') {
       bad_input(name_, fmt::format("descr '{}' is not a simple type string", printable(s_.substr(i_), 16)), expected);
     }
@@ -236,7 +236,7 @@ class HeaderParser {
     const std::size_t at = i_;
     const std::string_view w = parse_word();
     if (w == "False") return;
-    if (w == "True") bad_input(name_, "fortran_order is True: Fortran-order data is not supported", "False (C order)");
+    if (w == "True") bad_input(name_, "fortran_order is True: Fortran-order data is not supported", "False, C order");
     bad_input(name_, fmt::format("fortran_order '{}' is not a bool", printable(s_.substr(at), 16)), "False");
   }
 
