@@ -85,6 +85,8 @@ int main(int argc, char** argv) {
 
   try {
     if (run->parsed()) {
+      if (run->count("--window") && cfg.window < 1)
+        throw InputError(fmt::format("--window: {} is not a window (expected W >= 1)", cfg.window));
       if (run->count("--rope") || later.layer || run->count("--model-dim"))
         throw InputError("--rope, --layer and --model-dim are not yet supported");
       return runtime::run_job(comm, cfg);

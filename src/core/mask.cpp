@@ -14,7 +14,7 @@ Mask Mask::make(Index S, bool causal, Index window, const std::vector<Index>& do
   if (!doc_lens.empty()) {
     Index total = 0;
     for (Index n : doc_lens) {
-      if (n <= 0) throw InputError(fmt::format("--doc-lens: length {} is not positive", n));
+      if (n < 0) throw InputError(fmt::format("--doc-lens: length {} is negative (expected lengths >= 0)", n));
       total += n;
     }
     if (total != S)

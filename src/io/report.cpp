@@ -55,7 +55,10 @@ Json to_json(const Report& r) {
     const double secs = rr.forward_s + rr.backward_s;
     w["gflops_per_s"] = secs > 0 ? rr.work.flops / secs * 1e-9 : 0.0;
     x["work"] = w;
-    x["budget_bytes"] = static_cast<std::int64_t>(rr.budget_bytes);
+    Json mem = Json::object();
+    mem["budget_bytes"] = static_cast<std::int64_t>(rr.budget_bytes);
+    mem["peak_rss_bytes"] = static_cast<std::int64_t>(rr.peak_rss_bytes);
+    x["memory"] = mem;
     ranks.push_back(x);
   }
   j["ranks"] = ranks;

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -119,9 +120,9 @@ void shape_from_files(const JobConfig& c, Plan& p) {
       throw InputError(fmt::format("{}: shape {} does not match q.npy {} (expected {})", path,
                                    shape_str(p.headers[t].shape), shape_str(q), shape_str(want)));
   }
-  auto agree_opt = [](Index given, Index file, const char* opt) {
-    if (given != 0 && given != file)
-      throw InputError(fmt::format("{} {} contradicts the input files, which give {}", opt, given, file));
+  auto agree_opt = [](const std::optional<Index>& given, Index file, const char* opt) {
+    if (given && *given != file)
+      throw InputError(fmt::format("{} {} contradicts the input files, which give {}", opt, *given, file));
   };
   agree_opt(c.seq, p.shape.S, "--seq");
   agree_opt(c.batch, p.shape.B, "--batch");
@@ -138,9 +139,9 @@ Plan make_plan(const comm::Comm& comm, const JobConfig& c) {
   if (!c.inputs.empty()) {
     shape_from_files(c, p);
   } else {
-    p.shape = Shape{c.batch ? c.batch : kDefaultBatch, c.seq ? c.seq : kDefaultSeq, c.heads ? c.heads : kDefaultHeads,
-                    0, c.head_dim ? c.head_dim : kDefaultHeadDim};
-    p.shape.HKV = c.kv_heads ? c.kv_heads : p.shape.H;
+    p.shape = Shape{c.batch.value_or(kDefaultBatch), c.seq.value_or(kDefaultSeq), c.heads.value_or(kDefaultHeads), 0,
+                    c.head_dim.value_or(kDefaultHeadDim)};
+    p.shape.HKV = c.kv_heads.value_or(p.shape.H);
     if (c.dtype.empty() || c.dtype == "f32") p.dtype = DType::f32;
     else if (c.dtype == "f64") p.dtype = DType::f64;
     else throw InputError(fmt::format("--dtype: unknown dtype '{}' (expected f32 or f64)", c.dtype));
@@ -226,6 +227,13 @@ template <class T>
 struct Outputs {
   std::vector<T> o, lse, dq, dk, dv;
 };
+
+// High-water mark of this process's resident memory (Linux reports ru_maxrss in KiB).
+Index peak_rss_bytes() {
+  rusage ru{};
+  getrusage(RUSAGE_SELF, &ru);
+  return static_cast<Index>(ru.ru_maxrss) * 1024;
+}
 
 double median(std::vector<double> v) {
   if (v.empty()) return 0;
@@ -447,8 +455,15 @@ void print_summary(const JobConfig& c, const Plan& p, const io::Report& rep) {
                total > 0 ? 100 * r.wait_s / total : 0.0, human_bytes(bs), human_bytes(br),
                total > 0 ? r.work.flops / total * 1e-9 : 0.0);
   }
+  Index rss = 0, budget = 0;
+  for (const io::RankReport& r : rep.ranks) {
+    rss = std::max(rss, r.peak_rss_bytes);
+    budget = std::max(budget, r.budget_bytes);
+  }
   fmt::print("  bytes moved: {} sent, {} received (all ranks); loss {:.10g}\n", human_bytes(sent), human_bytes(recv),
              rep.loss);
+  fmt::print("  memory per rank (largest): ring buffers {}, peak RSS {}; total {:.2f} GFLOP\n", human_bytes(double(budget)),
+             human_bytes(double(rss)), flops * 1e-9);
   if (rep.check) {
     const io::CheckReport& k = *rep.check;
     auto e = [](double x) { return std::isnan(x) ? std::string("-") : fmt::format("{:.2e}", x); };
@@ -539,7 +554,8 @@ int run_typed(const comm::Comm& comm, const JobConfig& c, const Plan& p) {
                                     double(lg.grad_send_elems), double(lg.grad_recv_elems),
                                     double(lg.resident_qkv_elems), double(lg.remote_block_elems),
                                     double(lg.online_state_elems), median(fwd), median(bwd), median(comp),
-                                    median(wait), double(work.tile_pairs), work.flops, double(ring.resident_bytes())};
+                                    median(wait), double(work.tile_pairs), work.flops, double(ring.resident_bytes()),
+                                    double(peak_rss_bytes())};
   const std::vector<double> all = comm.gather(mine);
   if (r == 0) {
     const std::size_t k = mine.size();
@@ -556,6 +572,7 @@ int run_typed(const comm::Comm& comm, const JobConfig& c, const Plan& p) {
       rr.wait_s = x[13];
       rr.work = core::Work{Index(x[14]), x[15]};
       rr.budget_bytes = Index(x[16]);
+      rr.peak_rss_bytes = Index(x[17]);
       rep.ranks.push_back(rr);
     }
   }

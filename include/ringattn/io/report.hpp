@@ -17,6 +17,7 @@ struct RankReport {
   double forward_s = 0, backward_s = 0, compute_s = 0, wait_s = 0;  // this rank, median over --iters
   core::Work work;                                                   // forward + backward
   core::Index budget_bytes = 0;                                      // buffers held for the ring
+  core::Index peak_rss_bytes = 0;                                    // the process's high-water mark
 };
 
 struct CheckReport {

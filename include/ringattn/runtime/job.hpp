@@ -14,8 +14,8 @@ namespace ringattn::runtime {
 using core::Index;
 
 struct JobConfig {
-  // Shape; 0 or "" = not given (with --inputs the files decide; otherwise defaults apply).
-  Index seq = 0, batch = 0, heads = 0, kv_heads = 0, head_dim = 0;
+  // Shape; empty = not given (with --inputs the files decide; otherwise defaults apply).
+  std::optional<Index> seq, batch, heads, kv_heads, head_dim;
   std::string dtype;
   bool causal = false;
   Index window = 0;

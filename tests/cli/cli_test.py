@@ -1,0 +1,178 @@
+#!/usr/bin/python3
+"""End-to-end checks of the `ringattn` command line, one named test per invocation.
+
+    cli_test.py NAME --binary PATH [--mpirun EXE]
+
+Each test runs real mpirun jobs and exits 0 when every assertion holds, 1 otherwise.
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+
+ARGS = None
+FAILURES = []
+
+
+def check(cond, what):
+    print(("ok   " if cond else "FAIL ") + what)
+    if not cond:
+        FAILURES.append(what)
+
+
+def ringattn(n, *args, timeout=300):
+    env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+               OMPI_MCA_rmaps_base_oversubscribe="1", OMPI_MCA_mpi_yield_when_idle="1")
+    cmd = [ARGS.mpirun, "-np", str(n), ARGS.binary, *map(str, args)]
+    p = subprocess.run(cmd, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=timeout)
+    return p
+
+
+def expected_ledger(sizes, B, HKV, D, H, r):
+    """Closed form of the ring protocol in which every block travels (independent of the C++)."""
+    N, S, e = len(sizes), sum(sizes), 2 * B * HKV * D
+    fwd_send = e * sum(sizes[(r - j) % N] for j in range(N - 1))
+    return {
+        "fwd_kv_send_elems": fwd_send, "fwd_kv_recv_elems": e * (S - sizes[r]),
+        "replay_kv_send_elems": fwd_send, "replay_kv_recv_elems": e * (S - sizes[r]),
+        "grad_send_elems": e * (S - sizes[r]), "grad_recv_elems": e * (N - 1) * sizes[r],
+        "resident_qkv_elems": B * sizes[r] * (H + 2 * HKV) * D,
+        "remote_block_elems": max([e * sizes[o] for o in range(N) if o != r], default=0),
+        "online_state_elems": sizes[r] * B * H * (D + 2),
+    }
+
+
+ACCEPT = ["run", "--seq", 37, "--batch", 2, "--heads", 4, "--kv-heads", 2, "--head-dim", 16, "--dtype", "f64",
+          "--causal", "--partition", "10,0,27", "--check"]
+
+
+def test_partition_check():
+    with tempfile.TemporaryDirectory() as d:
+        p = ringattn(3, *ACCEPT, "--report", f"{d}/r.json")
+        print(p.stdout)
+        check(p.returncode == 0, f"exit 0 (got {p.returncode}: {p.stderr.strip()})")
+        rep = json.load(open(f"{d}/r.json"))
+        errs = rep["check"]["max_rel_err"]
+        for k in ("o", "lse", "dq", "dk", "dv"):
+            check(errs[k] is not None and errs[k] <= 1e-12, f"max rel err {k} = {errs[k]} <= 1e-12")
+        check(rep["check"]["passed"] is True, "check.passed")
+
+
+def test_report_fields():
+    with tempfile.TemporaryDirectory() as d:
+        p = ringattn(3, *ACCEPT, "--report", f"{d}/r.json", "--iters", 3, "--warmup", 1)
+        check(p.returncode == 0, f"exit 0 (got {p.returncode})")
+        rep = json.load(open(f"{d}/r.json"))
+        for k in ("config", "loss", "time", "check", "ranks"):
+            check(k in rep, f"top-level field {k}")
+        for k in ("forward_s", "backward_s"):
+            check(isinstance(rep["time"].get(k), float) and rep["time"][k] > 0, f"time.{k} > 0")
+        for opt in ("seq", "batch", "heads", "kv_heads", "head_dim", "dtype", "causal", "window", "doc_lens", "layout",
+                    "partition", "scale", "seed", "inputs", "out", "check", "report", "warmup", "iters", "trace",
+                    "timeout"):
+            check(opt in rep["config"], f"config.{opt}")
+        check(len(rep["ranks"]) == 3, "one entry per rank")
+        sizes = [10, 0, 27]
+        for r, rr in enumerate(rep["ranks"]):
+            check(rr["rank"] == r and rr["positions"] == sizes[r], f"rank {r} positions {sizes[r]}")
+            want = expected_ledger(sizes, 2, 2, 16, 4, r)
+            for k, v in want.items():
+                check(rr["ledger"].get(k) == v, f"rank {r} ledger.{k} = {rr['ledger'].get(k)} (closed form {v})")
+            sent = sum(want[k] for k in ("fwd_kv_send_elems", "replay_kv_send_elems", "grad_send_elems"))
+            recv = sum(want[k] for k in ("fwd_kv_recv_elems", "replay_kv_recv_elems", "grad_recv_elems"))
+            check(rr["ledger"]["send_bytes"] == 8 * sent, f"rank {r} send_bytes")
+            check(rr["ledger"]["recv_bytes"] == 8 * recv, f"rank {r} recv_bytes")
+            for k in ("forward_s", "backward_s", "compute_s", "wait_s"):
+                check(isinstance(rr["time"].get(k), float) and rr["time"][k] >= 0, f"rank {r} time.{k}")
+            for k in ("tile_pairs", "flops"):
+                check(k in rr["work"], f"rank {r} work.{k}")
+            check((rr["work"]["tile_pairs"] > 0) == (sizes[r] > 0), f"rank {r} did work iff it has positions")
+
+
+def test_seed_outputs_independent_of_n():
+    with tempfile.TemporaryDirectory() as d:
+        outs = []
+        for n in (1, 2, 3):
+            out = f"{d}/n{n}"
+            p = ringattn(n, "run", "--seq", 41, "--batch", 2, "--heads", 4, "--kv-heads", 2, "--head-dim", 8,
+                         "--dtype", "f64", "--causal", "--seed", 5, "--out", out)
+            check(p.returncode == 0, f"N={n} exit 0 ({p.stderr.strip()})")
+            outs.append(out)
+            check(not [f for f in os.listdir(out) if f.startswith(".")], f"N={n} leaves no temporary files")
+        for f in ("q", "k", "v", "dout"):
+            same = all(open(f"{o}/{f}.npy", "rb").read() == open(f"{outs[0]}/{f}.npy", "rb").read() for o in outs)
+            check(same, f"{f}.npy identical bytes for N=1,2,3")
+        for f in ("o", "lse", "dq", "dk", "dv"):
+            ref = np.load(f"{outs[0]}/{f}.npy")
+            check(ref.dtype == np.float64, f"{f}.npy is float64")
+            for o in outs[1:]:
+                x = np.load(f"{o}/{f}.npy")
+                err = np.max(np.abs(x - ref)) / np.max(np.abs(ref))
+                check(x.shape == ref.shape and err <= 1e-12, f"{f} {o[-2:]} vs N=1: {err:.2e} <= 1e-12")
+
+
+def test_check_failure_exits_1():
+    p = ringattn(2, "run", "--seq", 24, "--heads", 2, "--head-dim", 8, "--dtype", "f64", "--check",
+                 "--debug-drop-grad-step", 1)
+    check(p.returncode == 1, f"a dropped gradient return makes --check exit 1 (got {p.returncode})")
+    check("FAILED" in p.stdout, "summary says FAILED")
+
+
+def test_bad_input_exits_2():
+    with tempfile.TemporaryDirectory() as d:
+        base = ["run", "--seq", 16, "--heads", 2, "--head-dim", 4]
+        trunc = f"{d}/trunc"
+        os.makedirs(trunc)
+        for name, shape in (("q", (1, 16, 2, 4)), ("k", (1, 16, 2, 4)), ("v", (1, 16, 2, 4)), ("dout", (1, 16, 2, 4))):
+            np.save(f"{trunc}/{name}.npy", np.zeros(shape, np.float32))
+        with open(f"{trunc}/k.npy", "r+b") as f:
+            f.truncate(100)
+        afile = f"{d}/afile"
+        open(afile, "w").close()
+        cases = {
+            "partition of wrong length": base + ["--partition", "8,8,0"],
+            "partition of wrong sum": base + ["--partition", "8,9"],
+            "negative partition": base + ["--partition", "17,-1"],
+            "H not a multiple of HKV": base + ["--kv-heads", 3],
+            "unknown layout": base + ["--layout", "diagonal"],
+            "unknown dtype": base + ["--dtype", "f16"],
+            "unknown option": base + ["--frobnicate"],
+            "zero sequence": ["run", "--seq", 0],
+            "window zero": base + ["--window", 0],
+            "doc lens wrong sum": base + ["--doc-lens", "5,5"],
+            "missing inputs dir": ["run", "--inputs", f"{d}/nope"],
+            "truncated npy": ["run", "--inputs", trunc],
+            "out is a file": base + ["--out", afile],
+        }
+        for what, args in cases.items():
+            p = ringattn(2, *args, timeout=60)
+            # mpirun adds its own epilogue about the non-zero exit; ours is the ringattn line
+            lines = [l for l in p.stderr.splitlines() if l.startswith("ringattn")]
+            check(p.returncode == 2, f"{what}: exit 2 (got {p.returncode})")
+            check(len(lines) == 1 and lines[0].startswith("ringattn: error:"),
+                  f"{what}: one error line: {lines[:3]}")
+        check(sorted(os.listdir(d)) == ["afile", "trunc"], "no files left behind")
+
+
+def main():
+    global ARGS
+    ap = argparse.ArgumentParser()
+    ap.add_argument("name")
+    ap.add_argument("--binary", required=True)
+    ap.add_argument("--mpirun", default="mpirun")
+    ARGS = ap.parse_args()
+    fn = globals().get("test_" + ARGS.name)
+    if fn is None:
+        print(f"unknown test {ARGS.name}", file=sys.stderr)
+        return 2
+    fn()
+    print(f"{ARGS.name}: {'FAILED' if FAILURES else 'passed'} ({len(FAILURES)} failed checks)")
+    return 1 if FAILURES else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
