@@ -52,7 +52,7 @@ void agreed_runtime(const comm::Comm& comm, Fn&& fn) {
   } catch (const std::exception& e) {
     err = e.what();
   }
-  if (auto e = comm.agree(err)) throw RuntimeFailure(*e);
+  if (auto e = comm.agree(err)) throw AgreedFailure(*e);
 }
 
 // A tensor with the position axis in the middle: [outer, S, inner].

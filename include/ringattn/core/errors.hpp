@@ -19,4 +19,9 @@ struct RuntimeFailure : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// A runtime failure every rank has agreed on (so no rank is left waiting for a peer).
+struct AgreedFailure : RuntimeFailure {
+  using RuntimeFailure::RuntimeFailure;
+};
+
 }  // namespace ringattn

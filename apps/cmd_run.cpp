@@ -1,0 +1,61 @@
+// `ringattn run`: ring attention forward and backward over the MPI ranks.
+#include <fmt/format.h>
+
+#include "commands.hpp"
+#include "ringattn/core/errors.hpp"
+#include "ringattn/runtime/job.hpp"
+
+namespace ringattn::app {
+
+Command add_run_command(CLI::App& parent) {
+  auto cfg = std::make_shared<runtime::JobConfig>();
+  struct Later {
+    double rope = 0;
+    bool layer = false;
+    long model_dim = 0;
+  };
+  auto later = std::make_shared<Later>();
+  runtime::JobConfig& c = *cfg;
+  CLI::App* run = parent.add_subcommand("run", "ring attention forward and backward over the MPI ranks");
+  run->add_option("--seq", c.seq, "total positions S (default 1024)");
+  run->add_option("--batch", c.batch, "batch B (default 1)");
+  run->add_option("--heads", c.heads, "query heads H (default 4)");
+  run->add_option("--kv-heads", c.kv_heads, "key/value heads HKV, H % HKV == 0 (default H)");
+  run->add_option("--head-dim", c.head_dim, "head dim D (default 64)");
+  run->add_option("--dtype", c.dtype, "f32 or f64 (default f32; --inputs files decide)");
+  run->add_flag("--causal", c.causal, "causal mask j <= i on global positions");
+  run->add_option("--window", c.window, "causal sliding window W: i-W < j <= i");
+  run->add_option("--doc-lens", c.doc_lens, "packed documents a,b,... summing to S")->delimiter(',');
+  run->add_option("--layout", c.layout, "contiguous, striped or zigzag (default contiguous)");
+  run->add_option("--partition", c.partition, "contiguous shard sizes n0,...,n(N-1) summing to S")->delimiter(',');
+  run->add_option("--scale", c.scale, "softmax scale (default 1/sqrt(D))");
+  run->add_option("--seed", c.seed, "seed of the generated inputs (default 0)");
+  run->add_option("--inputs", c.inputs, "directory with q.npy k.npy v.npy dout.npy");
+  run->add_option("--out", c.out, "directory for o.npy lse.npy dq.npy dk.npy dv.npy (and generated inputs)");
+  run->add_flag("--check", c.check, "compare with a dense float64 reference; exit 1 over tolerance");
+  run->add_option("--report", c.report, "write the JSON report here");
+  run->add_flag("--no-backward", [&c](std::int64_t) { c.backward = false; }, "forward pass only");
+  run->add_option("--warmup", c.warmup, "untimed iterations first (default 0)");
+  run->add_option("--iters", c.iters, "timed iterations; times are medians (default 1)");
+  run->add_option("--trace", c.trace, "write one JSON line per rank per ring step here");
+  run->add_option("--timeout", c.timeout, "abort (exit 3) when a ring step waits longer than SEC (0 = never)");
+  run->add_option("--tile-q", c.tiling.q_rows, "query rows per tile (default 128)");
+  run->add_option("--tile-k", c.tiling.k_cols, "keys per tile (default 256)");
+  run->add_option("--rope", later->rope, "rotary embedding base THETA (not yet supported)");
+  run->add_flag("--layer", later->layer, "a whole attention layer (not yet supported)");
+  run->add_option("--model-dim", later->model_dim, "model dim M for --layer (not yet supported)");
+  run->add_option("--debug-drop-grad-step", c.drop_grad_step, "test hook: ignore one returned gradient")
+      ->group("");  // hidden
+  Command cmd;
+  cmd.cli = run;
+  cmd.run = [cfg, later, run](const comm::Comm* comm) {
+    if (run->count("--window") && cfg->window < 1)
+      throw InputError(fmt::format("--window: {} is not a window (expected W >= 1)", cfg->window));
+    if (run->count("--rope") || later->layer || run->count("--model-dim"))
+      throw InputError("--rope, --layer and --model-dim are not yet supported");
+    return runtime::run_job(*comm, *cfg);
+  };
+  return cmd;
+}
+
+}  // namespace ringattn::app

@@ -1,0 +1,27 @@
+#pragma once
+// One file per subcommand; main() parses, initialises MPI only for commands that need it, and
+// maps exceptions to exit codes (0 ok, 1 check failed, 2 bad input or usage, 3 runtime failure).
+#include <CLI/CLI.hpp>
+
+#include <functional>
+
+#include "ringattn/comm/comm.hpp"
+
+namespace ringattn::app {
+
+struct Command {
+  CLI::App* cli = nullptr;
+  bool needs_mpi = true;
+  // Called after a successful parse; returns the exit code, throws InputError / RuntimeFailure.
+  std::function<int(const comm::Comm*)> run;
+};
+
+// The launcher's rank before MPI is initialised (to let only rank 0 print parse errors).
+int launcher_rank();
+
+Command add_run_command(CLI::App& parent);
+Command add_lab_command(CLI::App& parent);
+Command add_plan_command(CLI::App& parent);
+Command add_probe_command(CLI::App& parent);
+
+}  // namespace ringattn::app
