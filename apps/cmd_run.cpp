@@ -39,6 +39,9 @@ Command add_run_command(CLI::App& parent) {
   run->add_option("--iters", c.iters, "timed iterations; times are medians (default 1)");
   run->add_option("--trace", c.trace, "write one JSON line per rank per ring step here");
   run->add_option("--timeout", c.timeout, "abort (exit 3) when a ring step waits longer than SEC (0 = never)");
+  run->add_option("--traffic", c.traffic,
+                  "aware: move only blocks and gradients some rank needs (default); full: every block everywhere; "
+                  "skip-empty: every block, no all-zero gradient returns");
   run->add_option("--tile-q", c.tiling.q_rows, "query rows per tile (default 128)");
   run->add_option("--tile-k", c.tiling.k_cols, "keys per tile (default 256)");
   run->add_option("--rope", later->rope, "rotary embedding base THETA (not yet supported)");
@@ -46,6 +49,8 @@ Command add_run_command(CLI::App& parent) {
   run->add_option("--model-dim", later->model_dim, "model dim M for --layer (not yet supported)");
   run->add_option("--debug-drop-grad-step", c.drop_grad_step, "test hook: ignore one returned gradient")
       ->group("");  // hidden
+  run->add_option("--debug-stall-rank", c.stall_rank, "test hook: this rank stalls before its first send")->group("");
+  run->add_option("--debug-stall-seconds", c.stall_s, "test hook: how long it stalls")->group("");
   Command cmd;
   cmd.cli = run;
   cmd.run = [cfg, later, run](const comm::Comm* comm) {

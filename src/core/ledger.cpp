@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <fmt/format.h>
 
+#include "ringattn/core/block_attention.hpp"
 #include "ringattn/core/errors.hpp"
 
 namespace ringattn::core {
@@ -46,6 +47,42 @@ Ledger expected_ledger(const Layout& layout, const Shape& s, int r, bool backwar
   }
   l.resident_qkv_elems = s.B * Lr * (s.H + 2 * s.HKV) * s.D;
   l.online_state_elems = Lr * s.B * s.H * (s.D + 2);
+  return l;
+}
+
+Ledger expected_ledger(const Layout& layout, const Shape& s, int r, bool backward, Traffic traffic,
+                       const Mask& mask) {
+  Ledger l = expected_ledger(layout, s, r, backward);
+  if (traffic == Traffic::full) return l;
+  const int N = layout.ranks();
+  const Index e = 2 * s.B * s.HKV * s.D;
+  auto need = [&](int q, int o) { return block_visible(mask, layout.positions(q), layout.positions(o)); };
+  if (traffic == Traffic::aware) {
+    l.fwd_kv_send_elems = l.fwd_kv_recv_elems = l.remote_block_elems = 0;
+    for (int o = 0; o < N; ++o) {
+      int reach = 0;
+      for (int t = 1; t < N; ++t)
+        if (need((o + t) % N, o)) reach = t;
+      const int d = ((r - o) % N + N) % N;
+      if (d >= 1 && d <= reach) {
+        l.fwd_kv_recv_elems += e * layout.size(o);
+        l.remote_block_elems = std::max(l.remote_block_elems, e * layout.size(o));
+      }
+      if (d < reach) l.fwd_kv_send_elems += e * layout.size(o);
+    }
+    if (backward) {
+      l.replay_kv_send_elems = l.fwd_kv_send_elems;
+      l.replay_kv_recv_elems = l.fwd_kv_recv_elems;
+    }
+  }
+  if (backward) {
+    l.grad_send_elems = l.grad_recv_elems = 0;
+    for (int o = 0; o < N; ++o) {
+      if (o == r) continue;
+      if (need(r, o)) l.grad_send_elems += e * layout.size(o);
+      if (need(o, r)) l.grad_recv_elems += e * layout.size(r);
+    }
+  }
   return l;
 }
 

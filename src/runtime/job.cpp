@@ -65,6 +65,7 @@ struct TensorSpec {
 };
 
 struct Plan {
+  core::Traffic traffic = core::Traffic::aware;
   Shape shape;
   DType dtype = DType::f32;
   core::Layout layout = core::Layout::contiguous(1, 1);
@@ -167,6 +168,10 @@ Plan make_plan(const comm::Comm& comm, const JobConfig& c) {
   p.layout = core::Layout::make(kind, s.S, comm.size(), c.partition);
   if (c.window < 0) throw InputError(fmt::format("--window: {} is negative (expected W >= 1)", c.window));
   p.mask = core::Mask::make(s.S, c.causal, c.window, c.doc_lens);
+  if (c.traffic == "aware") p.traffic = core::Traffic::aware;
+  else if (c.traffic == "full") p.traffic = core::Traffic::full;
+  else if (c.traffic == "skip-empty") p.traffic = core::Traffic::skip_empty_grads;
+  else throw InputError(fmt::format("--traffic: unknown plan '{}' (expected full, aware or skip-empty)", c.traffic));
   p.scale = c.scale ? *c.scale : 1.0 / std::sqrt(double(s.D));
   if (!std::isfinite(p.scale)) throw InputError("--scale: must be finite");
   return p;
@@ -418,6 +423,7 @@ io::Json config_json(const JobConfig& c, const Plan& p, int N) {
   j["tile_q"] = static_cast<std::int64_t>(c.tiling.q_rows);
   j["tile_k"] = static_cast<std::int64_t>(c.tiling.k_cols);
   j["mask"] = p.mask.describe();
+  j["traffic"] = c.traffic;
   return j;
 }
 
@@ -500,7 +506,8 @@ int run_typed(const comm::Comm& comm, const JobConfig& c, const Plan& p) {
   Shard<T> in;
   agreed(comm, [&] { in = load_shard<T>(comm, c, p); });
 
-  RingSetup setup{p.shape, &p.layout, &p.mask, p.scale, c.tiling, c.timeout, c.drop_grad_step};
+  RingSetup setup{p.shape,    &p.layout, &p.mask,          p.scale,      c.tiling,
+                  c.timeout,  p.traffic, c.drop_grad_step, c.stall_rank, c.stall_s};
   RingAttention<T> ring(comm, setup);
   ring.load(in.q.data(), in.k.data(), in.v.data(), in.dout.data());
 

@@ -3,7 +3,9 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <chrono>
 #include <limits>
+#include <thread>
 
 namespace ringattn::runtime {
 
@@ -15,7 +17,12 @@ enum Tag : int { kTagForward = 11, kTagReplay = 12, kTagGrad = 13 };
 
 template <class T>
 RingAttention<T>::RingAttention(const comm::Comm& comm, const RingSetup& setup)
-    : comm_(comm), s_(setup), r_(comm.rank()), N_(comm.size()), ws_(setup.tiling) {
+    : comm_(comm),
+      s_(setup),
+      plan_(*setup.layout, *setup.mask, setup.traffic),
+      r_(comm.rank()),
+      N_(comm.size()),
+      ws_(setup.tiling) {
   const core::Shape& sh = s_.shape;
   L_ = s_.layout->size(r_);
   pq_ = core::Packing{sh.B, sh.HKV, sh.G(), L_, sh.D};
@@ -80,28 +87,36 @@ PassStats RingAttention<T>::forward() {
   ledger_.fwd_kv_send_elems = ledger_.fwd_kv_recv_elems = ledger_.remote_block_elems = 0;
   const T scale = static_cast<T>(s_.scale);
   const T* cur = kv_own_.data();
-  for (int j = 0; j < N_; ++j) {
-    const int owner = ((r_ - j) % N_ + N_) % N_;
+  for (int j = 0; j < plan_.steps(); ++j) {
+    const int owner = plan_.owner(r_, j);
     comm::Exchange kvx(comm_);
     StepRecord rec{Pass::forward, j, owner, 0, 0, 0};
-    if (j + 1 < N_) {  // the next block is in flight while this one is attended
-      const int next_owner = ((r_ - j - 1) % N_ + N_) % N_;
-      const Index recv = block_elems(next_owner), send = block_elems(owner);
+    if (j == 0 && r_ == s_.stall_rank) std::this_thread::sleep_for(std::chrono::duration<double>(s_.stall_s));
+    // The next block is in flight while this one is attended.
+    if (plan_.receives(r_, j + 1)) {
+      const Index recv = block_elems(plan_.owner(r_, j + 1));
       kvx.irecv(kv_buf_[j % 2].data(), recv * sizeof(T), comm_.prev(), kTagForward);
-      kvx.isend(cur, send * sizeof(T), comm_.next(), kTagForward);
       ledger_.fwd_kv_recv_elems += recv;
-      ledger_.fwd_kv_send_elems += send;
       ledger_.remote_block_elems = std::max(ledger_.remote_block_elems, recv);
-      rec.bytes = (recv + send) * static_cast<Index>(sizeof(T));
+      rec.bytes += recv * static_cast<Index>(sizeof(T));
     }
-    const double t0 = comm::wtime();
-    ps.work += core::block_forward(qshard_, view(owner, cur), *s_.mask, scale, st, ws_, [&] { kvx.test(); });
-    rec.compute_s = comm::wtime() - t0;
+    if (plan_.sends(r_, j)) {
+      const Index send = block_elems(owner);
+      kvx.isend(cur, send * sizeof(T), comm_.next(), kTagForward);
+      ledger_.fwd_kv_send_elems += send;
+      rec.bytes += send * static_cast<Index>(sizeof(T));
+    }
+    if (plan_.holds(r_, j)) {
+      const double t0 = comm::wtime();
+      ps.work += core::block_forward(qshard_, view(owner, cur), *s_.mask, scale, st, ws_, [&] { kvx.test(); });
+      rec.compute_s = comm::wtime() - t0;
+      if (obs_) obs_->forward_block(j, owner, pq_, m_.data(), l_.data(), acc_.data());
+    }
     rec.wait_s = kvx.wait(s_.timeout_s, [&] {
-      return fmt::format("rank {} forward step {}/{}: receiving the K/V block of rank {} from rank {}", r_, j + 1, N_,
-                         ((r_ - j - 1) % N_ + N_) % N_, comm_.prev());
+      return fmt::format("rank {} forward step {}/{}: the K/V block of rank {} from rank {}", r_, j + 2,
+                         plan_.steps(), plan_.owner(r_, j + 1), comm_.prev());
     });
-    if (j + 1 < N_) cur = kv_buf_[j % 2].data();
+    if (plan_.receives(r_, j + 1)) cur = kv_buf_[j % 2].data();
     ps.compute_s += rec.compute_s;
     ps.wait_s += rec.wait_s;
     ps.steps.push_back(rec);
@@ -123,72 +138,83 @@ PassStats RingAttention<T>::backward() {
   std::fill(dkv_own_.begin(), dkv_own_.end(), T(0));
   const core::GradQueryShard<T> gq{qshard_, dout_.data(), m_.data(), delta_.data(), dq_.data()};
   const Index own_elems = static_cast<Index>(dkv_own_.size());
-  // Gradient transfers of the previous step complete one step late, so they overlap compute.
+  // Gradient transfers of step j complete at the end of step j+1, so they overlap compute.
   comm::Exchange gx0(comm_), gx1(comm_);
   comm::Exchange* gx[2] = {&gx0, &gx1};
-  auto add_returned = [&](int step) {  // the owner sums contributions in step order
-    if (step == s_.drop_grad_step) return;
-    const T* src = grad_recv_[step % 2].data();
-    for (Index e = 0; e < own_elems; ++e) dkv_own_[e] += src[e];
+  bool pending[2] = {false, false};  // a contribution is arriving in grad_recv_[slot]
+  auto finish_grads = [&](int step) {  // the owner sums contributions in step order
+    const int slot = step % 2;
+    const double w = gx[slot]->wait(s_.timeout_s, [&] {
+      return fmt::format("rank {} backward step {}/{}: gradient return to rank {} / from rank {}", r_, step + 1,
+                         plan_.steps(), plan_.owner(r_, step), (r_ + step) % N_);
+    });
+    if (pending[slot]) {
+      pending[slot] = false;
+      if (obs_) obs_->grad_received(step, (r_ + step) % N_, own_elems);
+      if (step != s_.drop_grad_step) {
+        const T* src = grad_recv_[slot].data();
+        for (Index e = 0; e < own_elems; ++e) dkv_own_[e] += src[e];
+      }
+    }
+    return w;
   };
   const T* cur = kv_own_.data();
-  for (int j = 0; j < N_; ++j) {
-    const int owner = ((r_ - j) % N_ + N_) % N_;
+  for (int j = 0; j < plan_.steps(); ++j) {
+    const int owner = plan_.owner(r_, j);
     comm::Exchange kvx(comm_);
     StepRecord rec{Pass::backward, j, owner, 0, 0, 0};
-    if (j + 1 < N_) {
-      const int next_owner = ((r_ - j - 1) % N_ + N_) % N_;
-      const Index recv = block_elems(next_owner), send = block_elems(owner);
+    if (plan_.receives(r_, j + 1)) {
+      const Index recv = block_elems(plan_.owner(r_, j + 1));
       kvx.irecv(kv_buf_[j % 2].data(), recv * sizeof(T), comm_.prev(), kTagReplay);
-      kvx.isend(cur, send * sizeof(T), comm_.next(), kTagReplay);
       ledger_.replay_kv_recv_elems += recv;
-      ledger_.replay_kv_send_elems += send;
-      rec.bytes += (recv + send) * static_cast<Index>(sizeof(T));
+      rec.bytes += recv * static_cast<Index>(sizeof(T));
     }
-    const int source = (r_ + j) % N_;  // the rank whose contribution to our block arrives now
-    if (j > 0) {
+    if (plan_.sends(r_, j)) {
+      const Index send = block_elems(owner);
+      kvx.isend(cur, send * sizeof(T), comm_.next(), kTagReplay);
+      ledger_.replay_kv_send_elems += send;
+      rec.bytes += send * static_cast<Index>(sizeof(T));
+    }
+    const int source = (r_ + j) % N_;  // the rank whose contribution to our block is due now
+    if (j > 0 && plan_.returns_grad(source, j)) {
       gx[j % 2]->irecv(grad_recv_[j % 2].data(), own_elems * sizeof(T), source, kTagGrad);
+      pending[j % 2] = true;
       ledger_.grad_recv_elems += own_elems;
       rec.bytes += own_elems * static_cast<Index>(sizeof(T));
     }
-    // Own block: accumulate straight into our dK/dV; remote block: into a send buffer.
-    const Index blk = block_elems(owner);
-    T* target = j == 0 ? dkv_own_.data() : grad_send_[j % 2].data();
-    if (j > 0) std::fill_n(target, blk, T(0));
-    const double t0 = comm::wtime();
-    ps.work += core::block_backward(gq, view(owner, cur), *s_.mask, scale, target, target + blk / 2, ws_, [&] {
-      kvx.test();
-      gx[(j + 1) % 2]->test();
-    });
-    rec.compute_s = comm::wtime() - t0;
-    if (j > 0) {
-      gx[j % 2]->isend(target, blk * sizeof(T), owner, kTagGrad);
-      ledger_.grad_send_elems += blk;
-      rec.bytes += blk * static_cast<Index>(sizeof(T));
+    // Own block: accumulate straight into our dK/dV; a remote one: into a send buffer.
+    const bool returns = j > 0 && plan_.returns_grad(r_, j);
+    if (j == 0 || returns) {
+      const Index blk = block_elems(owner);
+      T* target = j == 0 ? dkv_own_.data() : grad_send_[j % 2].data();
+      if (j > 0) std::fill_n(target, blk, T(0));
+      const double t0 = comm::wtime();
+      ps.work += core::block_backward(gq, view(owner, cur), *s_.mask, scale, target, target + blk / 2, ws_, [&] {
+        kvx.test();
+        gx[0]->test();
+        gx[1]->test();
+      });
+      rec.compute_s = comm::wtime() - t0;
+      if (obs_) obs_->replay_block(j, owner, packing(owner), target, target + blk / 2);
+      if (returns) {
+        gx[j % 2]->isend(target, blk * sizeof(T), owner, kTagGrad);
+        if (obs_) obs_->grad_sent(j, owner, blk);
+        ledger_.grad_send_elems += blk;
+        rec.bytes += blk * static_cast<Index>(sizeof(T));
+      }
     }
     rec.wait_s = kvx.wait(s_.timeout_s, [&] {
-      return fmt::format("rank {} backward step {}/{}: receiving the K/V block of rank {} from rank {}", r_, j + 1,
-                         N_, ((r_ - j - 1) % N_ + N_) % N_, comm_.prev());
+      return fmt::format("rank {} backward step {}/{}: the K/V block of rank {} from rank {}", r_, j + 2,
+                         plan_.steps(), plan_.owner(r_, j + 1), comm_.prev());
     });
-    if (j > 1) {
-      rec.wait_s += gx[(j - 1) % 2]->wait(s_.timeout_s, [&] {
-        return fmt::format("rank {} backward step {}/{}: gradient return with rank {} (to) and rank {} (from)", r_,
-                           j, N_, ((r_ - j + 1) % N_ + N_) % N_, (r_ + j - 1) % N_);
-      });
-      add_returned(j - 1);
-    }
-    if (j + 1 < N_) cur = kv_buf_[j % 2].data();
+    if (j >= 2) rec.wait_s += finish_grads(j - 1);
+    if (plan_.receives(r_, j + 1)) cur = kv_buf_[j % 2].data();
     ps.compute_s += rec.compute_s;
     ps.wait_s += rec.wait_s;
     ps.steps.push_back(rec);
   }
-  if (N_ > 1) {
-    const int last = N_ - 1;
-    const double w = gx[last % 2]->wait(s_.timeout_s, [&] {
-      return fmt::format("rank {} backward step {}/{}: gradient return with rank {} (to) and rank {} (from)", r_, N_,
-                         N_, ((r_ - last) % N_ + N_) % N_, (r_ + last) % N_);
-    });
-    add_returned(last);
+  if (plan_.steps() >= 2) {
+    const double w = finish_grads(plan_.steps() - 1);
     ps.wait_s += w;
     ps.steps.back().wait_s += w;
   }

@@ -32,16 +32,37 @@ def ringattn(n, *args, timeout=300):
     return p
 
 
-def expected_ledger(sizes, B, HKV, D, H, r):
-    """Closed form of the ring protocol in which every block travels (independent of the C++)."""
+def expected_ledger(sizes, B, HKV, D, H, r, traffic="full", causal=True):
+    """Closed form of the ring protocol (independent of the C++), for contiguous shards.
+
+    full: every block visits every rank. aware: block o travels only as far as the farthest rank
+    that needs it (under a causal mask rank q needs o iff o's first position <= q's last)."""
     N, S, e = len(sizes), sum(sizes), 2 * B * HKV * D
-    fwd_send = e * sum(sizes[(r - j) % N] for j in range(N - 1))
+    first = [sum(sizes[:o]) for o in range(N)]
+    last = [first[o] + sizes[o] - 1 for o in range(N)]
+
+    def need(q, o):
+        return sizes[q] > 0 and sizes[o] > 0 and (not causal or first[o] <= last[q])
+
+    if traffic == "full":
+        fwd_send = e * sum(sizes[(r - j) % N] for j in range(N - 1))
+        fwd_recv = e * (S - sizes[r])
+        remote = max([e * sizes[o] for o in range(N) if o != r], default=0)
+        grad_send, grad_recv = e * (S - sizes[r]), e * (N - 1) * sizes[r]
+    else:
+        reach = [max([t for t in range(1, N) if need((o + t) % N, o)], default=0) for o in range(N)]
+        dist = [(r - o) % N for o in range(N)]
+        fwd_recv = e * sum(sizes[o] for o in range(N) if 1 <= dist[o] <= reach[o])
+        fwd_send = e * sum(sizes[o] for o in range(N) if dist[o] < reach[o])
+        remote = max([e * sizes[o] for o in range(N) if 1 <= dist[o] <= reach[o]], default=0)
+        grad_send = e * sum(sizes[o] for o in range(N) if o != r and need(r, o))
+        grad_recv = e * sizes[r] * sum(1 for q in range(N) if q != r and need(q, r))
     return {
-        "fwd_kv_send_elems": fwd_send, "fwd_kv_recv_elems": e * (S - sizes[r]),
-        "replay_kv_send_elems": fwd_send, "replay_kv_recv_elems": e * (S - sizes[r]),
-        "grad_send_elems": e * (S - sizes[r]), "grad_recv_elems": e * (N - 1) * sizes[r],
+        "fwd_kv_send_elems": fwd_send, "fwd_kv_recv_elems": fwd_recv,
+        "replay_kv_send_elems": fwd_send, "replay_kv_recv_elems": fwd_recv,
+        "grad_send_elems": grad_send, "grad_recv_elems": grad_recv,
         "resident_qkv_elems": B * sizes[r] * (H + 2 * HKV) * D,
-        "remote_block_elems": max([e * sizes[o] for o in range(N) if o != r], default=0),
+        "remote_block_elems": remote,
         "online_state_elems": sizes[r] * B * H * (D + 2),
     }
 
@@ -63,8 +84,14 @@ def test_partition_check():
 
 
 def test_report_fields():
+    for traffic in ("full", "aware"):
+        report_fields(traffic)
+
+
+def report_fields(traffic):
+    print(f"--traffic {traffic}")
     with tempfile.TemporaryDirectory() as d:
-        p = ringattn(3, *ACCEPT, "--report", f"{d}/r.json", "--iters", 3, "--warmup", 1)
+        p = ringattn(3, *ACCEPT, "--report", f"{d}/r.json", "--iters", 3, "--warmup", 1, "--traffic", traffic)
         check(p.returncode == 0, f"exit 0 (got {p.returncode})")
         rep = json.load(open(f"{d}/r.json"))
         for k in ("config", "loss", "time", "check", "ranks"):
@@ -79,7 +106,7 @@ def test_report_fields():
         sizes = [10, 0, 27]
         for r, rr in enumerate(rep["ranks"]):
             check(rr["rank"] == r and rr["positions"] == sizes[r], f"rank {r} positions {sizes[r]}")
-            want = expected_ledger(sizes, 2, 2, 16, 4, r)
+            want = expected_ledger(sizes, 2, 2, 16, 4, r, traffic)
             for k, v in want.items():
                 check(rr["ledger"].get(k) == v, f"rank {r} ledger.{k} = {rr['ledger'].get(k)} (closed form {v})")
             sent = sum(want[k] for k in ("fwd_kv_send_elems", "replay_kv_send_elems", "grad_send_elems"))
@@ -117,7 +144,7 @@ def test_seed_outputs_independent_of_n():
 
 def test_check_failure_exits_1():
     p = ringattn(2, "run", "--seq", 24, "--heads", 2, "--head-dim", 8, "--dtype", "f64", "--check",
-                 "--debug-drop-grad-step", 1)
+                 "--debug-drop-grad-step", 1, "--traffic", "full")
     check(p.returncode == 1, f"a dropped gradient return makes --check exit 1 (got {p.returncode})")
     check("FAILED" in p.stdout, "summary says FAILED")
 

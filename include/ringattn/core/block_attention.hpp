@@ -11,6 +11,7 @@
 #include <span>
 #include <vector>
 
+#include "ringattn/core/aligned.hpp"
 #include "ringattn/core/function_ref.hpp"
 #include "ringattn/core/mask.hpp"
 #include "ringattn/core/packed.hpp"
@@ -40,7 +41,7 @@ template <class T>
 struct Workspace {
   explicit Workspace(const Tiling& t = {}) : tiling(t), s(t.q_rows * t.k_cols), p(t.q_rows * t.k_cols), rowbuf(t.q_rows) {}
   Tiling tiling;
-  std::vector<T> s, p, rowbuf;
+  AlignedVector<T> s, p, rowbuf;
 };
 
 // One rank's queries in packed form, with what the forward keeps per row.

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "ringattn/core/layout.hpp"
+#include "ringattn/core/ring_plan.hpp"
 
 namespace ringattn::core {
 
@@ -29,5 +30,13 @@ struct Ledger {
 //   resident  = B L_r (H + 2 HKV) D    remote block = e * max_{o != r} L_o    online = L_r B H (D + 2)
 // The replay equals the forward; without a backward pass the replay and gradients are zero.
 Ledger expected_ledger(const Layout& layout, const Shape& shape, int rank, bool backward);
+
+// Closed form for any traffic plan. With need(q, o) = "some pair of rank q's queries and block o's
+// keys is visible", d(r, o) = (r - o) mod N and reach(o) = max { t : need(o + t, o) }:
+//   aware:  fwd recv = e * sum_o [1 <= d(r,o) <= reach(o)] L_o,  fwd send = e * sum_o [d(r,o) < reach(o)] L_o,
+//           grad send = e * sum_{o != r} [need(r, o)] L_o,       grad recv = e * L_r * #{q != r : need(q, r)}
+//   skip_empty_grads: K/V as full, gradients as aware.
+Ledger expected_ledger(const Layout& layout, const Shape& shape, int rank, bool backward, Traffic traffic,
+                       const Mask& mask);
 
 }  // namespace ringattn::core

@@ -29,7 +29,11 @@ struct JobConfig {
   int warmup = 0, iters = 1;
   double timeout = 0;
   core::Tiling tiling;
-  int drop_grad_step = -1;  // test hook, see RingSetup
+  std::string traffic = "aware";  // full | aware | skip-empty (see core::RingPlan)
+  // Test hooks, see RingSetup.
+  int drop_grad_step = -1;
+  int stall_rank = -1;
+  double stall_s = 0;
 };
 
 // Default shape when neither options nor files give it.

@@ -4,7 +4,8 @@
 //
 // Step indexing (both passes): at step j = 0 .. N-1 rank r holds the K/V block of owner
 // (r - j) mod N; it receives the next one from r-1 and sends the current one to r+1 while it
-// computes. In the backward pass, after step j it sends its contribution for block (r - j) to
+// computes. The RingPlan decides which of these transfers happen (all of them, or only those
+// some rank needs) and how many steps the ring runs. In the backward pass, after step j it sends its contribution for block (r - j) to
 // that owner and receives from (r + j) mod N the contribution to its own block; the owner adds
 // them in step order after its own, so results are bitwise reproducible for a given N and layout.
 #include <vector>
@@ -13,10 +14,30 @@
 #include "ringattn/core/block_attention.hpp"
 #include "ringattn/core/layout.hpp"
 #include "ringattn/core/ledger.hpp"
+#include "ringattn/core/ring_plan.hpp"
 
 namespace ringattn::runtime {
 
 using core::Index;
+
+enum class Pass { forward = 0, backward = 1 };
+
+// Sees every event of one rank as it happens (the `lab` walkthrough records them). Packed
+// layouts as in core/packed.hpp.
+template <class T>
+class RingObserver {
+ public:
+  virtual ~RingObserver() = default;
+  // After the forward folded the block of `owner` into the running state (m, l, a).
+  virtual void forward_block(int /*step*/, int /*owner*/, const core::Packing& /*pq*/, const T* /*m*/,
+                             const T* /*l*/, const T* /*acc*/) {}
+  // After the replay computed this rank's contribution to the block of `owner`.
+  virtual void replay_block(int /*step*/, int /*owner*/, const core::Packing& /*pk*/, const T* /*dk*/,
+                            const T* /*dv*/) {}
+  // A contribution sent back to its owner (to), or one received for this rank's block (from).
+  virtual void grad_sent(int /*step*/, int /*to*/, core::Index /*elems*/) {}
+  virtual void grad_received(int /*step*/, int /*from*/, core::Index /*elems*/) {}
+};
 
 struct RingSetup {
   core::Shape shape;
@@ -25,11 +46,13 @@ struct RingSetup {
   double scale = 1.0;
   core::Tiling tiling;
   double timeout_s = 0;  // watchdog on every wait; 0 = none
-  // Test hook: the owner ignores the gradient contribution received at this step (-1: none).
+  core::Traffic traffic = core::Traffic::aware;
+  // Test hooks: the owner ignores the gradient contribution received at this step (-1: none);
+  // rank stall_rank sleeps stall_s seconds before its first forward send.
   int drop_grad_step = -1;
+  int stall_rank = -1;
+  double stall_s = 0;
 };
-
-enum class Pass { forward = 0, backward = 1 };
 
 struct StepRecord {
   Pass pass;
@@ -54,6 +77,8 @@ class RingAttention {
   // Local inputs in file order: q, dout [B, L, H, D]; k, v [B, L, HKV, D] (dout may be null
   // when there is no backward pass).
   void load(const T* q, const T* k, const T* v, const T* dout);
+  void set_observer(RingObserver<T>* obs) { obs_ = obs; }
+  const core::RingPlan& plan() const { return plan_; }
   PassStats forward();
   PassStats backward();  // after forward()
   // Local outputs in file order: o, dq [B, L, H, D]; lse [B, H, L]; dk, dv [B, L, HKV, D].
@@ -72,15 +97,17 @@ class RingAttention {
 
   const comm::Comm& comm_;
   RingSetup s_;
+  core::RingPlan plan_;
+  RingObserver<T>* obs_ = nullptr;
   int r_, N_;
   Index L_;
   core::Packing pq_;
   core::QueryShard<T> qshard_;
-  std::vector<T> q_, kv_own_, dout_;
-  std::vector<T> m_, l_, acc_;       // online state; after finalize: lse in m_, O in acc_
-  std::vector<T> delta_, dq_, dkv_own_;
-  std::vector<T> kv_buf_[2];         // the two remote K/V buffers
-  std::vector<T> grad_send_[2], grad_recv_[2];
+  core::AlignedVector<T> q_, kv_own_, dout_;
+  core::AlignedVector<T> m_, l_, acc_;  // online state; after finalize: lse in m_, O in acc_
+  core::AlignedVector<T> delta_, dq_, dkv_own_;
+  core::AlignedVector<T> kv_buf_[2];    // the two remote K/V buffers
+  core::AlignedVector<T> grad_send_[2], grad_recv_[2];
   core::Workspace<T> ws_;
   core::Ledger ledger_;
 };
