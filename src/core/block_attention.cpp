@@ -5,6 +5,10 @@
 #include <cmath>
 #include <limits>
 
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
 namespace ringattn::core {
 namespace {
 
@@ -19,6 +23,82 @@ using Vec = Eigen::Map<Eigen::Array<T, Eigen::Dynamic, 1>>;
 
 template <class T>
 constexpr T kNegInf = -std::numeric_limits<T>::infinity();
+
+// The softmax base. float, the fast path, works in base 2 as FlashAttention does: log2(e) is
+// folded into the GEMM's alpha, so each score costs one exp2 (an FMA polynomial and a scalef,
+// ~1 ulp). double keeps the natural base and Eigen's exp for full accuracy.
+// Internal row statistics (running max m, and LSE during the backward) are in base units;
+// finalize_forward converts the LSE to the natural log.
+template <class T>
+struct Base;
+
+#if defined(__AVX512F__)
+// 2^x for x <= 0 (-inf gives 0): 2^x = 2^n 2^f, n = round(x), f in [-1/2, 1/2], 2^f by its
+// degree-7 Taylor polynomial in f ln 2 (error < 2e-9, below float rounding).
+inline __m512 exp2_ps(__m512 x) {
+  x = _mm512_max_ps(x, _mm512_set1_ps(-200.f));
+  const __m512 n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m512 f = _mm512_sub_ps(x, n);
+  __m512 p = _mm512_set1_ps(1.5252733804059840e-5f);
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.5403530393381610e-4f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.3333558146428443e-3f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.6181291076284772e-3f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.5504108664821580e-2f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.4022650695910071e-1f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.9314718055994531e-1f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
+  return _mm512_scalef_ps(p, n);
+}
+#endif
+
+template <>
+struct Base<float> {
+  static constexpr float kLog = 1.4426950408889634f;      // scores times log2(e)
+  static constexpr float kToNatural = 0.6931471805599453f;  // log2 -> ln
+  static float pow(float x) { return std::exp2(x); }
+  static float log(float x) { return std::log2(x); }
+  // x[j] = 2^(x[j] - m) in place; returns the sum.
+  static float exp_sum(float* x, Index n, float m) {
+#if defined(__AVX512F__)
+    const __m512 vm = _mm512_set1_ps(m);
+    __m512 acc = _mm512_setzero_ps();
+    Index j = 0;
+    for (; j + 16 <= n; j += 16) {
+      const __m512 e = exp2_ps(_mm512_sub_ps(_mm512_loadu_ps(x + j), vm));
+      _mm512_storeu_ps(x + j, e);
+      acc = _mm512_add_ps(acc, e);
+    }
+    if (j < n) {
+      const __mmask16 k = static_cast<__mmask16>((1u << (n - j)) - 1);
+      const __m512 e = exp2_ps(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, x + j), vm));
+      _mm512_mask_storeu_ps(x + j, k, e);
+      acc = _mm512_add_ps(acc, _mm512_maskz_mov_ps(k, e));
+    }
+    alignas(64) float lanes[16];  // (GCC 12 warns falsely inside _mm512_reduce_add_ps)
+    _mm512_store_ps(lanes, acc);
+    float sum = 0;
+    for (float v : lanes) sum += v;
+    return sum;
+#else
+    Eigen::Map<Eigen::ArrayXf> row(x, n);
+    row = ((row - m) * kToNatural).exp();
+    return row.sum();
+#endif
+  }
+};
+
+template <>
+struct Base<double> {
+  static constexpr double kLog = 1.0;
+  static constexpr double kToNatural = 1.0;
+  static double pow(double x) { return std::exp(x); }
+  static double log(double x) { return std::log(x); }
+  static double exp_sum(double* x, Index n, double m) {
+    Eigen::Map<Eigen::ArrayXd> row(x, n);
+    row = (row - m).exp();
+    return row.sum();
+  }
+};
 
 // Tile geometry: query rows [r0, r0+tq) of one head group, keys [c0, c0+tk) of one block.
 struct Tile {
@@ -67,6 +147,7 @@ Work block_forward(const QueryShard<T>& q, const KVBlock<T>& kv, const Mask& mas
   Work work;
   if (!block_visible(mask, q.pos, kv.pos)) return work;
   const Index TQ = ws.tiling.q_rows, TK = ws.tiling.k_cols;
+  const T alpha = scale * Base<T>::kLog;
   for (Index b = 0; b < q.pk.B; ++b) {
     for (Index g = 0; g < q.pk.HKV; ++g) {
       const T* qg = q.q + q.pk.q_group(b, g);
@@ -86,8 +167,8 @@ Work block_forward(const QueryShard<T>& q, const KVBlock<T>& kv, const Mask& mas
           if (cls == TileClass::empty) continue;
           CMap<T> Kt(kg + c0 * D, t.tk, D), Vt(vg + c0 * D, t.tk, D);
           MMap<T> S(ws.s.data(), tq, t.tk);
-          // pass 1: scores S = scale Q K^T, invisible pairs -inf
-          S.noalias() = scale * (Qt * Kt.transpose());
+          // pass 1: scores S = scale Q K^T (in base units), invisible pairs -inf
+          S.noalias() = alpha * (Qt * Kt.transpose());
           if (cls == TileClass::partial) apply_mask(S, mask, q.pos, G, kv.pos, t);
           // pass 2: running max, rescale factor c = e^(m - m'), P = e^(S - m'), exp-sum
           for (Index i = 0; i < tq; ++i) {
@@ -97,13 +178,13 @@ Work block_forward(const QueryShard<T>& q, const KVBlock<T>& kv, const Mask& mas
               c[i] = T(1);
               continue;
             }
-            S.row(i).array() = (S.row(i).array() - m_new).exp();
-            c[i] = std::exp(m[i] - m_new);  // e^(-inf) = 0 on the first visible block
-            l[i] = c[i] * l[i] + S.row(i).sum();
+            const T row_sum = Base<T>::exp_sum(S.row(i).data(), t.tk, m_new);
+            c[i] = Base<T>::pow(m[i] - m_new);  // e^(-inf) = 0 on the first visible block
+            l[i] = c[i] * l[i] + row_sum;
             m[i] = m_new;
           }
-          // pass 3: a' = c a + P V
-          At.array().colwise() *= c;
+          // pass 3: a' = c a + P V (once the running max settles, c = 1 and the rescale is skipped)
+          if ((c != T(1)).any()) At.array().colwise() *= c;
           At.noalias() += S * Vt;
           ++work.tile_pairs;
           work.flops += 4.0 * double(tq) * double(t.tk) * double(D);
@@ -127,7 +208,7 @@ void finalize_forward(const Packing& pk, OnlineState<T> st) {
     }
     const T inv = T(1) / st.l[r];
     for (Index d = 0; d < D; ++d) a[d] *= inv;
-    st.m[r] = st.m[r] + std::log(st.l[r]);
+    st.m[r] = (st.m[r] + Base<T>::log(st.l[r])) * Base<T>::kToNatural;
   }
 }
 
@@ -146,6 +227,7 @@ Work block_backward(const GradQueryShard<T>& gq, const KVBlock<T>& kv, const Mas
   Work work;
   if (!block_visible(mask, q.pos, kv.pos)) return work;
   const Index TQ = ws.tiling.q_rows, TK = ws.tiling.k_cols;
+  const T alpha = scale * Base<T>::kLog;
   for (Index b = 0; b < q.pk.B; ++b) {
     for (Index g = 0; g < q.pk.HKV; ++g) {
       const Index qo = q.pk.q_group(b, g), ro = q.pk.row_group(b, g), ko = kv.pk.kv_group(b, g);
@@ -166,11 +248,11 @@ Work block_backward(const GradQueryShard<T>& gq, const KVBlock<T>& kv, const Mas
           const T* delta = gq.delta + ro + r0;
           MMap<T> P(ws.s.data(), tq, tk), dS(ws.p.data(), tq, tk);
           // pass 1: recompute P = exp(scale Q K^T - LSE) from the row LSE; invisible pairs 0
-          P.noalias() = scale * (Qt * Kt.transpose());
+          P.noalias() = alpha * (Qt * Kt.transpose());
           if (cls == TileClass::partial) apply_mask(P, mask, q.pos, G, kv.pos, t);
           for (Index i = 0; i < tq; ++i) {
             if (lse[i] == kNegInf<T>) P.row(i).setZero();  // row sees no key anywhere
-            else P.row(i).array() = (P.row(i).array() - lse[i]).exp();
+            else Base<T>::exp_sum(P.row(i).data(), tk, lse[i] * Base<T>::kLog);
           }
           // pass 2: dV += P^T dO
           dVt.noalias() += P.transpose() * dOt;

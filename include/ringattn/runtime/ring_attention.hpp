@@ -23,7 +23,8 @@ using core::Index;
 enum class Pass { forward = 0, backward = 1 };
 
 // Sees every event of one rank as it happens (the `lab` walkthrough records them). Packed
-// layouts as in core/packed.hpp.
+// layouts as in core/packed.hpp. The running max m is in the kernel's units: natural log for
+// double, log2 for float (multiply by ln 2).
 template <class T>
 class RingObserver {
  public:

@@ -1,0 +1,90 @@
+#pragma once
+// `ringattn lab`: the seed-000 walkthrough on real ranks. The seed's example is five positions,
+// D=2, B=H=HKV=1, float64, causal; rank 0 owns positions 0,1 and rank 1 owns 2,3,4; dout = G/5
+// for a fixed upstream G. Every event of the ring forward and backward is recorded on the rank
+// that performed it (through RingObserver) and gathered, with the outputs, the dense float64
+// reference and every rank's ledger, so the walkthrough and the seed experiments
+// (tests/mpi/seed_experiments_test.cpp) read the same numbers.
+#include <string>
+#include <vector>
+
+#include "ringattn/comm/comm.hpp"
+#include "ringattn/core/layout.hpp"
+#include "ringattn/core/mask.hpp"
+#include "ringattn/core/reference.hpp"
+#include "ringattn/core/ring_plan.hpp"
+#include "ringattn/io/report.hpp"
+
+namespace ringattn::runtime {
+
+using core::Index;
+
+struct LabConfig {
+  // Contiguous shard sizes, one per rank; empty = {floor(S/2), S - floor(S/2)}, the seed's {2, 3}.
+  std::vector<Index> partition;
+  bool causal = true;
+  bool skip_empty = false;  // core::Traffic::skip_empty_grads instead of the seed's full protocol
+  std::string inputs;       // directory with q.npy k.npy v.npy dout.npy; empty = the seed's tensors
+  std::string report;       // JSON report file (the `run` format); empty = none
+  int drop_grad_step = -1;  // test hook, see RingSetup
+};
+
+// Global float64 tensors in file order: q, dout [B, S, H, D]; k, v [B, S, HKV, D].
+struct LabInputs {
+  core::Shape shape;
+  std::vector<double> q, k, v, dout;
+  std::vector<double> g;  // the upstream G with dout = G / (B S); empty when dout came from a file
+};
+
+// The seed's fixed example (S=5, D=2, B=H=HKV=1; dout = G / 5).
+LabInputs seed_inputs();
+
+enum class LabEventKind { forward_block = 0, replay_block = 1, grad_sent = 2, grad_received = 3 };
+
+// One query row (forward) or one key of the visiting block (replay), at global position `pos`.
+struct LabRow {
+  Index b = 0, head = 0, pos = 0;  // head: query head (forward) or kv head (replay)
+  std::vector<double> x;           // forward: m, l, a[0..D); replay: dK[0..D), dV[0..D)
+};
+
+struct LabEvent {
+  LabEventKind kind = LabEventKind::forward_block;
+  int rank = 0;  // the rank that performed it
+  int step = 0;
+  int peer = 0;  // forward/replay: owner of the block; grad_sent: its owner (to); grad_received: from
+  Index elems = 0;       // gradient returns: elements moved
+  bool dropped = false;  // grad_received that the drop_grad_step hook ignored
+  std::vector<LabRow> rows;
+};
+
+// Max |x - ref| over every entry (absolute; -inf must match, NaN is +inf).
+struct LabDiffs {
+  double o = 0, lse = 0, dq = 0, dk = 0, dv = 0;
+};
+
+// Everything the walkthrough shows; run_lab returns it whole on every rank.
+struct LabResult {
+  LabInputs in;
+  core::Layout layout = core::Layout::contiguous(1, 1);
+  core::Mask mask;
+  double scale = 1;
+  core::Traffic traffic = core::Traffic::full;
+  // Gathered outputs in global order: o, dq [B, S, H, D]; lse [B, H, S]; dk, dv [B, S, HKV, D].
+  std::vector<double> o, lse, dq, dk, dv;
+  double loss = 0;  // sum dout . O
+  core::DenseResult ref;
+  LabDiffs diff;
+  double tolerance = 0;  // on the max relative error of every output
+  std::vector<LabEvent> events;  // in table order: by pass and step, each rank's work then its receipts
+  io::Report report;             // the `run` report: config, loss, time, check, per-rank ledger
+  Index full_send_bytes = 0;     // what every rank together would send under Traffic::full
+};
+
+// Collective. Throws InputError (the same on every rank) on bad options or files.
+LabResult run_lab(const comm::Comm& comm, const LabConfig& cfg);
+
+// Collective: run_lab, the four tables on rank 0, the report. Returns the exit code (0, or 1 when
+// an error exceeds the tolerance).
+int lab_job(const comm::Comm& comm, const LabConfig& cfg);
+
+}  // namespace ringattn::runtime

@@ -1,0 +1,677 @@
+#include "ringattn/runtime/lab.hpp"
+
+#include <fmt/format.h>
+#include <sys/resource.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <limits>
+#include <tuple>
+
+#include "ringattn/core/errors.hpp"
+#include "ringattn/core/ledger.hpp"
+#include "ringattn/core/packed.hpp"
+#include "ringattn/io/json.hpp"
+#include "ringattn/io/npy.hpp"
+#include "ringattn/runtime/job.hpp"
+#include "ringattn/runtime/ring_attention.hpp"
+
+namespace ringattn::runtime {
+
+namespace {
+
+using core::Shape;
+
+// The lab prints every value, so it takes small examples only.
+constexpr Index kMaxSeq = 64, kMaxRowValues = 64;  // S, and B*H*D per position
+// The seed's tensors are O(1) and every output sums at most five terms: a few ulps of f64 at
+// most. User inputs may carry large logits, where exp amplifies score rounding: `run`'s f64 bound.
+constexpr double kSeedTolerance = 1e-14;
+
+// Run `fn` on every rank; an InputError on any rank becomes the same InputError on every rank.
+template <class Fn>
+void agreed(const comm::Comm& comm, Fn&& fn) {
+  std::string err;
+  try {
+    fn();
+  } catch (const InputError& e) {
+    err = e.what();
+  }
+  if (auto e = comm.agree(err)) throw InputError(*e);
+}
+
+std::string join(std::span<const Index> v, const char* sep = ",") {
+  std::string s;
+  for (std::size_t i = 0; i < v.size(); ++i) s += (i ? sep : "") + std::to_string(v[i]);
+  return s;
+}
+
+std::string shape_str(const std::vector<Index>& v) { return "[" + join(v, ", ") + "]"; }
+
+LabInputs read_inputs(const std::string& dir) {
+  auto path = [&](const char* name) { return (std::filesystem::path(dir) / name).string(); };
+  const char* names[] = {"q.npy", "k.npy", "v.npy", "dout.npy"};
+  io::NpyHeader h[4];
+  for (int t = 0; t < 4; ++t) {
+    h[t] = io::read_npy_header(path(names[t]));
+    if (h[t].shape.size() != 4)
+      throw InputError(fmt::format("{}: has shape {} (expected 4 dimensions: [B, S, heads, D])", path(names[t]),
+                                   shape_str(h[t].shape)));
+  }
+  const auto& q = h[0].shape;
+  LabInputs in;
+  in.shape = Shape{q[0], q[1], q[2], h[1].shape[2], q[3]};
+  const std::vector<Index> kv = {q[0], q[1], in.shape.HKV, q[3]};
+  for (int t = 1; t < 4; ++t) {
+    const std::vector<Index>& want = t == 3 ? q : kv;
+    if (h[t].shape != want)
+      throw InputError(fmt::format("{}: shape {} does not match q.npy {} (expected {})", path(names[t]),
+                                   shape_str(h[t].shape), shape_str(q), shape_str(want)));
+  }
+  in.shape.validate();
+  std::vector<double>* dst[] = {&in.q, &in.k, &in.v, &in.dout};
+  for (int t = 0; t < 4; ++t) {
+    *dst[t] = io::read_npy<double>(path(names[t]), h[t]);  // f4 widens to f64 exactly
+    for (double x : *dst[t])
+      if (!std::isfinite(x))
+        throw InputError(fmt::format("{}: non-finite value {} (expected finite inputs)", path(names[t]), x));
+  }
+  return in;
+}
+
+// [outer, S, inner] global -> [outer, L, inner] at the positions of rank r.
+std::vector<double> local_slice(const std::vector<double>& g, Index outer, Index inner, const core::Layout& l,
+                                int r) {
+  const Index L = l.size(r), S = l.seq();
+  const auto pos = l.positions(r);
+  std::vector<double> x(outer * L * inner);
+  for (Index a = 0; a < outer; ++a)
+    for (Index i = 0; i < L; ++i)
+      std::copy_n(&g[(a * S + pos[i]) * inner], inner, &x[(a * L + i) * inner]);
+  return x;
+}
+
+// Every rank gets every rank's values. Comm::gather takes equal lengths, so each rank leads with
+// its own length and pads to the longest; rank 0 then broadcasts the lot.
+std::vector<std::vector<double>> all_gather(const comm::Comm& comm, const std::vector<double>& mine) {
+  const std::size_t width = 1 + static_cast<std::size_t>(comm.max(static_cast<double>(mine.size())));
+  std::vector<double> padded(width, 0.0);
+  padded[0] = static_cast<double>(mine.size());
+  std::copy(mine.begin(), mine.end(), padded.begin() + 1);
+  std::vector<double> all = comm.gather(padded);
+  all.resize(width * comm.size());
+  comm.broadcast(all, 0);
+  std::vector<std::vector<double>> out(comm.size());
+  for (int r = 0; r < comm.size(); ++r) {
+    const double* p = &all[r * width];
+    out[r].assign(p + 1, p + 1 + static_cast<std::size_t>(p[0]));
+  }
+  return out;
+}
+
+// Local [outer, L, inner] of every rank -> global [outer, S, inner], on every rank.
+std::vector<double> gather_positions(const comm::Comm& comm, const std::vector<double>& mine, Index outer,
+                                     Index inner, const core::Layout& l) {
+  const auto parts = all_gather(comm, mine);
+  const Index S = l.seq();
+  std::vector<double> g(outer * S * inner);
+  for (int r = 0; r < comm.size(); ++r) {
+    const Index L = l.size(r);
+    const auto pos = l.positions(r);
+    for (Index a = 0; a < outer; ++a)
+      for (Index i = 0; i < L; ++i) std::copy_n(&parts[r][(a * L + i) * inner], inner, &g[(a * S + pos[i]) * inner]);
+  }
+  return g;
+}
+
+// Records each event of this rank as a LabEvent, copying the state out of the packed layout.
+class Recorder final : public RingObserver<double> {
+ public:
+  Recorder(const core::Layout& l, int rank, int drop_step) : layout_(l), rank_(rank), drop_step_(drop_step) {}
+
+  void forward_block(int step, int owner, const core::Packing& pq, const double* m, const double* l,
+                     const double* acc) override {
+    LabEvent e = make(LabEventKind::forward_block, step, owner);
+    const auto pos = layout_.positions(rank_);
+    const Index G = pq.G, D = pq.D;
+    for (Index b = 0; b < pq.B; ++b)
+      for (Index g = 0; g < pq.HKV; ++g)
+        for (Index i = 0; i < pq.L; ++i)
+          for (Index t = 0; t < G; ++t) {
+            const Index row = pq.row_group(b, g) + i * G + t;
+            const double* a = acc + pq.q_group(b, g) + (i * G + t) * D;
+            LabRow r{b, g * G + t, pos[i], {m[row], l[row]}};
+            r.x.insert(r.x.end(), a, a + D);
+            e.rows.push_back(std::move(r));
+          }
+    sort_rows(e);
+    events.push_back(std::move(e));
+  }
+
+  void replay_block(int step, int owner, const core::Packing& pk, const double* dk, const double* dv) override {
+    LabEvent e = make(LabEventKind::replay_block, step, owner);
+    const auto pos = layout_.positions(owner);
+    for (Index b = 0; b < pk.B; ++b)
+      for (Index g = 0; g < pk.HKV; ++g)
+        for (Index i = 0; i < pk.L; ++i) {
+          const Index off = pk.kv_group(b, g) + i * pk.D;
+          LabRow r{b, g, pos[i], {dk + off, dk + off + pk.D}};
+          r.x.insert(r.x.end(), dv + off, dv + off + pk.D);
+          e.rows.push_back(std::move(r));
+        }
+    sort_rows(e);
+    events.push_back(std::move(e));
+  }
+
+  void grad_sent(int step, int to, Index elems) override {
+    LabEvent e = make(LabEventKind::grad_sent, step, to);
+    e.elems = elems;
+    events.push_back(std::move(e));
+  }
+
+  void grad_received(int step, int from, Index elems) override {
+    LabEvent e = make(LabEventKind::grad_received, step, from);
+    e.elems = elems;
+    e.dropped = step == drop_step_;
+    events.push_back(std::move(e));
+  }
+
+  std::vector<LabEvent> events;
+
+ private:
+  LabEvent make(LabEventKind kind, int step, int peer) const {
+    LabEvent e;
+    e.kind = kind;
+    e.rank = rank_;
+    e.step = step;
+    e.peer = peer;
+    return e;
+  }
+  // Rows in reading order: batch, position, head.
+  static void sort_rows(LabEvent& e) {
+    std::stable_sort(e.rows.begin(), e.rows.end(), [](const LabRow& a, const LabRow& b) {
+      return std::tie(a.b, a.pos, a.head) < std::tie(b.b, b.pos, b.head);
+    });
+  }
+  const core::Layout& layout_;
+  int rank_, drop_step_;
+};
+
+// Events travel as doubles: [kind, rank, step, peer, elems, dropped, rows, width, rows x (b, head, pos, x...)].
+void serialize(const LabEvent& e, std::vector<double>& out) {
+  const std::size_t width = e.rows.empty() ? 0 : e.rows.front().x.size();
+  out.insert(out.end(), {double(e.kind), double(e.rank), double(e.step), double(e.peer), double(e.elems),
+                         double(e.dropped), double(e.rows.size()), double(width)});
+  for (const LabRow& r : e.rows) {
+    out.insert(out.end(), {double(r.b), double(r.head), double(r.pos)});
+    out.insert(out.end(), r.x.begin(), r.x.end());
+  }
+}
+
+std::vector<LabEvent> deserialize(const std::vector<double>& in) {
+  std::vector<LabEvent> events;
+  std::size_t p = 0;
+  while (p < in.size()) {
+    LabEvent e;
+    e.kind = static_cast<LabEventKind>(int(in[p]));
+    e.rank = int(in[p + 1]);
+    e.step = int(in[p + 2]);
+    e.peer = int(in[p + 3]);
+    e.elems = Index(in[p + 4]);
+    e.dropped = in[p + 5] != 0;
+    const std::size_t rows = std::size_t(in[p + 6]), width = std::size_t(in[p + 7]);
+    p += 8;
+    for (std::size_t k = 0; k < rows; ++k, p += 3 + width)
+      e.rows.push_back(LabRow{Index(in[p]), Index(in[p + 1]), Index(in[p + 2]),
+                              {in.begin() + p + 3, in.begin() + p + 3 + width}});
+    events.push_back(std::move(e));
+  }
+  return events;
+}
+
+// Table order: the forward, then the backward; within a step each rank's own work (in rank
+// order, each rank's events in the order they happened), then the receipts of that step.
+void order_events(std::vector<LabEvent>& events) {
+  auto key = [](const LabEvent& e) {
+    const int pass = e.kind == LabEventKind::forward_block ? 0 : 1;
+    const int phase = e.kind == LabEventKind::grad_received ? 1 : 0;
+    return std::tuple{pass, e.step, phase, e.rank};
+  };
+  std::stable_sort(events.begin(), events.end(), [&](const LabEvent& a, const LabEvent& b) { return key(a) < key(b); });
+}
+
+double max_abs_diff(const std::vector<double>& x, const std::vector<double>& ref) {
+  double d = 0;
+  for (std::size_t n = 0; n < x.size(); ++n) {
+    if (std::isnan(x[n]) || ((std::isinf(x[n]) || std::isinf(ref[n])) && x[n] != ref[n]))
+      return std::numeric_limits<double>::infinity();
+    if (std::isfinite(x[n])) d = std::max(d, std::abs(x[n] - ref[n]));
+  }
+  return d;
+}
+
+// High-water mark of this process's resident memory (Linux reports ru_maxrss in KiB).
+Index peak_rss_bytes() {
+  rusage ru{};
+  getrusage(RUSAGE_SELF, &ru);
+  return static_cast<Index>(ru.ru_maxrss) * 1024;
+}
+
+const char* traffic_name(core::Traffic t) {
+  switch (t) {
+    case core::Traffic::full: return "full";
+    case core::Traffic::aware: return "aware";
+    case core::Traffic::skip_empty_grads: return "skip-empty";
+  }
+  return "?";
+}
+
+constexpr double kTimeout = 60;  // watchdog on every wait: the lab's messages are tiny
+const core::Tiling kTiling{};
+
+// The report's config carries every key `run` writes, with the lab's values.
+io::Json config_json(const LabConfig& c, const LabResult& res, int N) {
+  const Shape& s = res.in.shape;
+  io::Json j = io::Json::object();
+  j["command"] = "lab";
+  j["ranks"] = N;
+  j["seq"] = static_cast<std::int64_t>(s.S);
+  j["batch"] = static_cast<std::int64_t>(s.B);
+  j["heads"] = static_cast<std::int64_t>(s.H);
+  j["kv_heads"] = static_cast<std::int64_t>(s.HKV);
+  j["head_dim"] = static_cast<std::int64_t>(s.D);
+  j["dtype"] = "f64";
+  j["causal"] = res.mask.causal();
+  j["window"] = 0;
+  j["doc_lens"] = io::Json::array();
+  j["layout"] = core::layout_name(res.layout.kind());
+  io::Json part = io::Json::array();
+  for (Index n : res.layout.sizes()) part.push_back(static_cast<std::int64_t>(n));
+  j["partition"] = part;
+  j["scale"] = res.scale;
+  j["seed"] = 0;
+  j["inputs"] = c.inputs;
+  j["out"] = "";
+  j["check"] = true;
+  j["report"] = c.report;
+  j["trace"] = "";
+  j["backward"] = true;
+  j["warmup"] = 0;
+  j["iters"] = 1;
+  j["timeout"] = kTimeout;
+  j["tile_q"] = static_cast<std::int64_t>(kTiling.q_rows);
+  j["tile_k"] = static_cast<std::int64_t>(kTiling.k_cols);
+  j["mask"] = res.mask.describe();
+  j["traffic"] = traffic_name(res.traffic);
+  return j;
+}
+
+}  // namespace
+
+LabInputs seed_inputs() {
+  // Small, distinct values so that every block's exp mass differs and every output is visibly
+  // different from any single block's softmax.
+  LabInputs in;
+  in.shape = Shape{1, 5, 1, 1, 2};
+  in.q = {0.9, -0.3, 0.2, 0.8, -0.5, 0.4, 0.7, 0.6, -0.1, -0.9};
+  in.k = {0.5, 0.1, -0.4, 0.7, 0.3, -0.6, 0.8, 0.2, -0.2, -0.5};
+  in.v = {1.0, 0.0, 0.0, 1.0, 0.5, -0.5, -1.0, 0.5, 0.2, 0.8};
+  in.g = {1.0, -0.5, 0.3, 0.8, -0.7, 0.2, 0.4, -1.0, 0.6, 0.1};
+  // The seeds' global mean: every query carries the same weight, dout = G / (B S).
+  for (double x : in.g) in.dout.push_back(x / double(in.shape.B * in.shape.S));
+  return in;
+}
+
+LabResult run_lab(const comm::Comm& comm, const LabConfig& cfg) {
+  const int N = comm.size(), rank = comm.rank();
+  LabResult res;
+  agreed(comm, [&] {
+    res.in = cfg.inputs.empty() ? seed_inputs() : read_inputs(cfg.inputs);
+    const Shape& s = res.in.shape;
+    if (s.S > kMaxSeq || s.B * s.H * s.D > kMaxRowValues)
+      throw InputError(fmt::format("lab prints every value: {} is too large (expected S <= {} and B*H*D <= {})",
+                                   s.str(), kMaxSeq, kMaxRowValues));
+    const std::vector<Index> part = cfg.partition.empty() ? std::vector<Index>{s.S / 2, s.S - s.S / 2} : cfg.partition;
+    if (static_cast<int>(part.size()) != N)
+      throw InputError(fmt::format("lab: the partition {} has {} entries but the job has N={} ranks (expected "
+                                   "mpirun -np {}, or --partition with one size per rank)",
+                                   join(part), part.size(), N, part.size()));
+    Index sum = 0;
+    for (Index n : part) sum += n;
+    res.layout = core::Layout::partitioned(part);  // rejects negative sizes
+    if (sum != s.S)
+      throw InputError(fmt::format("--partition: sizes {} sum to {} but S is {} (expected sum == S)", join(part), sum,
+                                   s.S));
+  });
+  const Shape& s = res.in.shape;
+  res.mask = core::Mask::make(s.S, cfg.causal, 0, {});
+  res.scale = 1.0 / std::sqrt(double(s.D));
+  res.traffic = cfg.skip_empty ? core::Traffic::skip_empty_grads : core::Traffic::full;
+  res.tolerance = cfg.inputs.empty() ? kSeedTolerance : check_tolerance(core::DType::f64);
+
+  // The ring, with every event recorded on the rank that performs it.
+  const Index qi = s.H * s.D, ki = s.HKV * s.D, L = res.layout.size(rank);
+  RingSetup setup{s, &res.layout, &res.mask, res.scale, kTiling, kTimeout, res.traffic, cfg.drop_grad_step};
+  RingAttention<double> ring(comm, setup);
+  Recorder rec(res.layout, rank, cfg.drop_grad_step);
+  ring.set_observer(&rec);
+  const auto lq = local_slice(res.in.q, s.B, qi, res.layout, rank), lk = local_slice(res.in.k, s.B, ki, res.layout, rank),
+             lv = local_slice(res.in.v, s.B, ki, res.layout, rank),
+             ld = local_slice(res.in.dout, s.B, qi, res.layout, rank);
+  ring.load(lq.data(), lk.data(), lv.data(), ld.data());
+  comm.barrier();
+  const PassStats pf = ring.forward();
+  const PassStats pb = ring.backward();
+  std::vector<double> o(s.B * L * qi), lse(s.B * s.H * L), dq(s.B * L * qi), dk(s.B * L * ki), dv(s.B * L * ki);
+  ring.outputs(o.data(), lse.data(), dq.data(), dk.data(), dv.data());
+
+  // Outputs, events and per-rank figures to every rank.
+  res.o = gather_positions(comm, o, s.B, qi, res.layout);
+  res.lse = gather_positions(comm, lse, s.B * s.H, 1, res.layout);
+  res.dq = gather_positions(comm, dq, s.B, qi, res.layout);
+  res.dk = gather_positions(comm, dk, s.B, ki, res.layout);
+  res.dv = gather_positions(comm, dv, s.B, ki, res.layout);
+  std::vector<double> mine;
+  for (const LabEvent& e : rec.events) serialize(e, mine);
+  for (const auto& part : all_gather(comm, mine)) {
+    auto evs = deserialize(part);
+    res.events.insert(res.events.end(), evs.begin(), evs.end());
+  }
+  order_events(res.events);
+
+  const core::Ledger& lg = ring.ledger();
+  core::Work work = pf.work;
+  work += pb.work;
+  const std::vector<double> figures = {double(L), double(lg.fwd_kv_send_elems), double(lg.fwd_kv_recv_elems),
+                                       double(lg.replay_kv_send_elems), double(lg.replay_kv_recv_elems),
+                                       double(lg.grad_send_elems), double(lg.grad_recv_elems),
+                                       double(lg.resident_qkv_elems), double(lg.remote_block_elems),
+                                       double(lg.online_state_elems), pf.total_s, pb.total_s,
+                                       pf.compute_s + pb.compute_s, pf.wait_s + pb.wait_s, double(work.tile_pairs),
+                                       work.flops, double(ring.resident_bytes()), double(peak_rss_bytes())};
+  const auto all = all_gather(comm, figures);
+
+  // The dense float64 reference, on every rank (five positions: nothing to save by splitting it).
+  res.ref = core::reference_attention(s, res.mask, res.scale, res.in.q, res.in.k, res.in.v, res.in.dout);
+  res.diff = LabDiffs{max_abs_diff(res.o, res.ref.o), max_abs_diff(res.lse, res.ref.lse),
+                      max_abs_diff(res.dq, res.ref.dq), max_abs_diff(res.dk, res.ref.dk),
+                      max_abs_diff(res.dv, res.ref.dv)};
+  for (std::size_t n = 0; n < res.o.size(); ++n) res.loss += res.in.dout[n] * res.o[n];
+
+  io::Report& rep = res.report;
+  rep.config = config_json(cfg, res, N);
+  rep.loss = res.loss;
+  rep.elem_size = sizeof(double);
+  io::CheckReport ck;
+  ck.tolerance = res.tolerance;
+  ck.o = core::max_rel_error(res.o, res.ref.o);
+  ck.lse = core::max_rel_error(res.lse, res.ref.lse);
+  ck.dq = core::max_rel_error(res.dq, res.ref.dq);
+  ck.dk = core::max_rel_error(res.dk, res.ref.dk);
+  ck.dv = core::max_rel_error(res.dv, res.ref.dv);
+  ck.passed = ck.o <= ck.tolerance && ck.lse <= ck.tolerance && ck.dq <= ck.tolerance && ck.dk <= ck.tolerance &&
+              ck.dv <= ck.tolerance;  // NaN never passes
+  rep.check = ck;
+  for (int q = 0; q < N; ++q) {
+    const double* x = all[q].data();
+    io::RankReport rr;
+    rr.rank = q;
+    rr.positions = Index(x[0]);
+    rr.ledger = core::Ledger{Index(x[1]), Index(x[2]), Index(x[3]), Index(x[4]), Index(x[5]),
+                             Index(x[6]), Index(x[7]), Index(x[8]), Index(x[9])};
+    rr.forward_s = x[10];
+    rr.backward_s = x[11];
+    rr.compute_s = x[12];
+    rr.wait_s = x[13];
+    rr.work = core::Work{Index(x[14]), x[15]};
+    rr.budget_bytes = Index(x[16]);
+    rr.peak_rss_bytes = Index(x[17]);
+    rep.forward_s = std::max(rep.forward_s, rr.forward_s);
+    rep.backward_s = std::max(rep.backward_s, rr.backward_s);
+    rep.ranks.push_back(rr);
+    res.full_send_bytes +=
+        core::expected_ledger(res.layout, s, q, true, core::Traffic::full, res.mask).send_elems() * Index(sizeof(double));
+  }
+  return res;
+}
+
+namespace {
+
+// Columns sized to their widest cell, as the seed's tables are read: left-aligned text.
+class TextTable {
+ public:
+  explicit TextTable(std::vector<std::string> header) : rows_{std::move(header)} {}
+  void row(std::vector<std::string> cells) { rows_.push_back(std::move(cells)); }
+  void rule() { rows_.emplace_back(); }  // a blank line between groups
+  void print(const char* indent = "  ") const {
+    std::vector<std::size_t> w(rows_.front().size(), 0);
+    for (const auto& r : rows_)
+      for (std::size_t c = 0; c < r.size(); ++c) w[c] = std::max(w[c], r[c].size());
+    for (std::size_t k = 0; k < rows_.size(); ++k) {
+      std::string line = indent;
+      for (std::size_t c = 0; c < rows_[k].size(); ++c)
+        line += fmt::format("{:<{}}", rows_[k][c], c + 1 < rows_[k].size() ? w[c] + 2 : 0);
+      while (!line.empty() && line.back() == ' ') line.pop_back();
+      fmt::print("{}\n", line);
+      if (k == 0) {
+        std::size_t total = 0;
+        for (std::size_t c = 0; c < w.size(); ++c) total += w[c] + (c + 1 < w.size() ? 2 : 0);
+        fmt::print("{}{}\n", indent, std::string(total, '-'));
+      }
+    }
+  }
+
+ private:
+  std::vector<std::vector<std::string>> rows_;
+};
+
+std::string num(double x) { return fmt::format("{:+.6f}", x); }
+
+std::string vec(const double* x, Index n) {
+  std::string s = "[";
+  for (Index d = 0; d < n; ++d) s += (d ? ", " : "") + num(x[d]);
+  return s + "]";
+}
+
+std::string positions_of(const core::Layout& l, int r) {
+  const auto pos = l.positions(r);
+  return pos.empty() ? std::string("none") : join(pos);
+}
+
+std::string block_of(const core::Layout& l, int owner) {
+  return fmt::format("K/V of r{} (keys {})", owner, positions_of(l, owner));
+}
+
+void print_summary(const LabResult& res) {
+  const Shape& s = res.in.shape;
+  const core::Layout& l = res.layout;
+  const int N = l.ranks();
+  const io::CheckReport& ck = *res.report.check;
+  fmt::print("ringattn lab: the seed-000 walkthrough, {} float64 on N={} ranks, dout = {}\n", s.str(), N,
+             res.in.g.empty() ? std::string("dout.npy") : fmt::format("G/{}", s.B * s.S));
+  std::string owners;
+  for (int r = 0; r < N; ++r) owners += fmt::format("{}rank {}: positions {}", r ? "; " : "", r, positions_of(l, r));
+  auto item = [](const char* what, const std::string& text) { fmt::print("  {:<24}{}\n", what, text); };
+  item("partition", fmt::format("{} ({})", join(l.sizes()), owners));
+  item("largest block", fmt::format("{} positions = {} elements of K and V", l.max_size(),
+                                    2 * s.B * s.HKV * s.D * l.max_size()));
+  item("visibility", fmt::format("{} on global positions (local indices only address storage)", res.mask.describe()));
+  item("compute path", "ring over MPI: online-softmax forward, K/V replay backward, dK/dV returned to the owner");
+  item("", res.traffic == core::Traffic::full
+               ? "traffic full: every block is sent, the causally empty ones too (the seed's protocol)"
+               : "traffic skip-empty: every K/V block is sent, all-zero dK/dV contributions are not");
+  item("output vs reference", fmt::format("max |O - O_ref| {:.2e}   max |LSE - LSE_ref| {:.2e}", res.diff.o,
+                                          res.diff.lse));
+  item("gradients vs reference", fmt::format("max |dQ - ref| {:.2e}   max |dK - ref| {:.2e}   max |dV - ref| {:.2e}",
+                                             res.diff.dq, res.diff.dk, res.diff.dv));
+  item("loss / reference loss", fmt::format("{:.17g} / {:.17g} (sum dout . O)", res.loss, res.ref.loss));
+  item("check", fmt::format("max relative error {:.2e} (tolerance {:.0e}): {}",
+                            std::max({ck.o, ck.lse, ck.dq, ck.dk, ck.dv}), ck.tolerance,
+                            ck.passed ? "PASSED" : "FAILED"));
+}
+
+// Label of a row: the position, with batch and head when there is more than one.
+std::string row_label(const Shape& s, char kind, const LabRow& r, Index heads) {
+  std::string lab;
+  if (s.B > 1) lab += fmt::format("b{} ", r.b);
+  if (heads > 1) lab += fmt::format("h{} ", r.head);
+  return lab + fmt::format("{}{}", kind, r.pos);
+}
+
+void print_inputs(const LabResult& res) {
+  const Shape& s = res.in.shape;
+  const Index qi = s.H * s.D, ki = s.HKV * s.D;
+  const bool g = !res.in.g.empty();
+  fmt::print("\ninputs (global positions; every value the reference recomputes from){}\n",
+             g ? fmt::format(", dout = G/{}", s.B * s.S) : std::string());
+  std::vector<std::string> head = {"position", "rank", "q", "k", "v"};
+  if (g) head.push_back("G");
+  head.push_back("dout");
+  TextTable t(head);
+  for (Index b = 0; b < s.B; ++b)
+    for (Index p = 0; p < s.S; ++p) {
+      const Index qo = (b * s.S + p) * qi, ko = (b * s.S + p) * ki;
+      std::vector<std::string> row = {s.B > 1 ? fmt::format("b{} {}", b, p) : std::to_string(p),
+                                      fmt::format("r{}", res.layout.owner(p)), vec(&res.in.q[qo], qi),
+                                      vec(&res.in.k[ko], ki), vec(&res.in.v[ko], ki)};
+      if (g) row.push_back(vec(&res.in.g[qo], qi));
+      row.push_back(vec(&res.in.dout[qo], qi));
+      t.row(row);
+    }
+  t.print();
+}
+
+void print_events(const LabResult& res) {
+  const Shape& s = res.in.shape;
+  const core::Layout& l = res.layout;
+  const Index D = s.D;
+  fmt::print("\nevents (in step order; each on the rank that performed it; forward rows show the state after "
+             "the block)\n");
+  TextTable t({"#", "rank", "pass", "step", "event", "object", "row", "visible keys / target", "running max m / dK",
+               "exp-sum l", "prefix output a/l / dV"});
+  int n = 0;
+  for (const LabEvent& e : res.events) {
+    const std::vector<std::string> lead = {std::to_string(++n), fmt::format("r{}", e.rank),
+                                           e.kind == LabEventKind::forward_block ? "fwd" : "bwd",
+                                           std::to_string(e.step)};
+    auto line = [&](bool first, std::vector<std::string> rest) {
+      std::vector<std::string> row = first ? lead : std::vector<std::string>(lead.size());
+      row.insert(row.end(), rest.begin(), rest.end());
+      t.row(row);
+    };
+    switch (e.kind) {
+      case LabEventKind::forward_block: {
+        if (e.rows.empty()) line(true, {"attend block", block_of(l, e.peer), "(no query rows)"});
+        for (std::size_t k = 0; k < e.rows.size(); ++k) {
+          const LabRow& r = e.rows[k];
+          std::vector<Index> vis;
+          for (Index j : l.positions(e.peer))
+            if (res.mask.visible(r.pos, j)) vis.push_back(j);
+          const double m = r.x[0], lsum = r.x[1];
+          std::vector<double> prefix(D, 0.0);  // a / l, once some key has been seen
+          if (lsum > 0)
+            for (Index d = 0; d < D; ++d) prefix[d] = r.x[2 + d] / lsum;
+          line(k == 0, {k == 0 ? "attend block" : "", k == 0 ? block_of(l, e.peer) : "",
+                        row_label(s, 'q', r, s.H), vis.empty() ? "none: state kept" : "k" + join(vis, " k"),
+                        num(m), num(lsum), lsum > 0 ? vec(prefix.data(), D) : "(no key yet)"});
+        }
+        break;
+      }
+      case LabEventKind::replay_block: {
+        const auto qpos = l.positions(e.rank);
+        if (e.rows.empty()) line(true, {"replay block", block_of(l, e.peer), "(no keys)"});
+        for (std::size_t k = 0; k < e.rows.size(); ++k) {
+          const LabRow& r = e.rows[k];
+          std::vector<Index> seen;
+          for (Index i : qpos)
+            if (res.mask.visible(i, r.pos)) seen.push_back(i);
+          line(k == 0, {k == 0 ? "replay block" : "", k == 0 ? block_of(l, e.peer) : "",
+                        row_label(s, 'k', r, s.HKV), seen.empty() ? "seen by no query" : "seen by q" + join(seen, " q"),
+                        vec(r.x.data(), D), "", vec(r.x.data() + D, D)});
+        }
+        break;
+      }
+      case LabEventKind::grad_sent:
+        line(true, {"return dK/dV", fmt::format("contribution to r{}'s block", e.peer), "",
+                    fmt::format("to r{}: {} elems = {} B", e.peer, e.elems, 8 * e.elems)});
+        break;
+      case LabEventKind::grad_received:
+        line(true, {"receive dK/dV", fmt::format("contribution to r{}'s block", e.rank), "",
+                    fmt::format("from r{}: {} elems = {} B, {}", e.peer, e.elems, 8 * e.elems,
+                                e.dropped ? "DROPPED (test hook)" : "added")});
+        break;
+    }
+  }
+  t.print();
+}
+
+void print_final(const LabResult& res) {
+  const Shape& s = res.in.shape;
+  const Index qi = s.H * s.D, ki = s.HKV * s.D;
+  fmt::print("\nfinal outputs and gradients per position, with the dense float64 reference\n");
+  TextTable t({"position", "rank", "output O", "reference O", "dQ", "dK", "dV"});
+  for (Index b = 0; b < s.B; ++b)
+    for (Index p = 0; p < s.S; ++p) {
+      const Index qo = (b * s.S + p) * qi, ko = (b * s.S + p) * ki;
+      t.row({s.B > 1 ? fmt::format("b{} {}", b, p) : std::to_string(p), fmt::format("r{}", res.layout.owner(p)),
+             vec(&res.o[qo], qi), vec(&res.ref.o[qo], qi), vec(&res.dq[qo], qi), vec(&res.dk[ko], ki),
+             vec(&res.dv[ko], ki)});
+    }
+  t.print();
+}
+
+void print_ledger(const LabResult& res) {
+  fmt::print("\nledger per rank (elements that moved; 8 B each in float64)\n");
+  TextTable t({"rank", "positions", "send fwd KV / replay KV / grad", "recv fwd KV / replay KV / grad", "send / recv B",
+               "resident QKV / remote block / online state"});
+  Index sent = 0;
+  for (const io::RankReport& r : res.report.ranks) {
+    const core::Ledger& g = r.ledger;
+    sent += 8 * g.send_elems();
+    t.row({std::to_string(r.rank), positions_of(res.layout, r.rank),
+           fmt::format("{} / {} / {}", g.fwd_kv_send_elems, g.replay_kv_send_elems, g.grad_send_elems),
+           fmt::format("{} / {} / {}", g.fwd_kv_recv_elems, g.replay_kv_recv_elems, g.grad_recv_elems),
+           fmt::format("{} / {}", 8 * g.send_elems(), 8 * g.recv_elems()),
+           fmt::format("{} / {} / {}", g.resident_qkv_elems, g.remote_block_elems, g.online_state_elems)});
+  }
+  t.print();
+  fmt::print("  resident Q/K/V, the temporary remote K/V block and m/l/a are counted apart; O, LSE, gradients,\n"
+             "  the compute workspace and communication buffers come on top.\n");
+  if (res.traffic == core::Traffic::skip_empty_grads)
+    fmt::print("  --skip-empty: {} B sent in all instead of {} B under the full protocol: {} B saved by not "
+               "returning all-zero dK/dV contributions\n",
+               sent, res.full_send_bytes, res.full_send_bytes - sent);
+}
+
+}  // namespace
+
+int lab_job(const comm::Comm& comm, const LabConfig& cfg) {
+  if (!cfg.report.empty())
+    agreed(comm, [&] {
+      if (comm.rank() != 0) return;
+      const auto parent = std::filesystem::path(cfg.report).parent_path();
+      if (!parent.empty() && !std::filesystem::is_directory(parent))
+        throw InputError(fmt::format("--report {}: directory {} does not exist", cfg.report, parent.string()));
+    });
+  const LabResult res = run_lab(comm, cfg);
+  if (!cfg.report.empty()) {
+    std::string err;
+    if (comm.rank() == 0) try {
+        io::write_text_atomically(cfg.report, io::to_json(res.report).dump(2) + "\n");
+      } catch (const std::exception& e) {
+        err = e.what();
+      }
+    if (auto e = comm.agree(err)) throw AgreedFailure(*e);
+  }
+  if (comm.rank() == 0) {
+    print_summary(res);
+    print_inputs(res);
+    print_events(res);
+    print_final(res);
+    print_ledger(res);
+  }
+  return res.report.check->passed ? kExitOk : kExitCheckFailed;
+}
+
+}  // namespace ringattn::runtime

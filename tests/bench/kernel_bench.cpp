@@ -1,0 +1,146 @@
+// Block kernel throughput against the Eigen GEMM rate measured on the same shapes in the same
+// run. One core (Eigen is built single-threaded). Flops as FlashAttention counts them:
+// forward 4*L*L*D, backward 2.5x that; GEMM 2*M*N*K.
+//
+//   build/tests/bench/kernel_bench --benchmark_min_time=2 --benchmark_repetitions=3
+//       --benchmark_report_aggregates_only=true
+#include <benchmark/benchmark.h>
+
+#include <Eigen/Core>
+#include <random>
+
+#include "ringattn/core/block_attention.hpp"
+
+using namespace ringattn::core;
+
+namespace {
+
+template <class T>
+using Mat = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+
+template <class T>
+AlignedVector<T> randn(Index n, unsigned seed) {
+  std::mt19937 gen(seed);
+  std::normal_distribution<double> d;
+  AlignedVector<T> x(n);
+  for (T& v : x) v = static_cast<T>(d(gen));
+  return x;
+}
+
+// The ceiling: Q K^T of one head, L x D times D x L, as one Eigen GEMM.
+template <class T>
+void BM_GemmQK(benchmark::State& st) {
+  const Index L = st.range(0), D = st.range(1);
+  auto q = randn<T>(L * D, 1), k = randn<T>(L * D, 2);
+  Eigen::Map<const Mat<T>> Q(q.data(), L, D), K(k.data(), L, D);
+  Mat<T> S(L, L);
+  for (auto _ : st) {
+    S.noalias() = Q * K.transpose();
+    benchmark::DoNotOptimize(S.data());
+  }
+  st.counters["GFLOP/s"] = benchmark::Counter(2.0 * L * L * D, benchmark::Counter::kIsIterationInvariantRate,
+                                              benchmark::Counter::kIs1000);
+}
+
+// The same GEMM cut into the kernel's tiles (tq x D times D x tk into a cached tile).
+template <class T>
+void BM_GemmTiles(benchmark::State& st) {
+  const Index L = st.range(0), D = st.range(1), TQ = st.range(2), TK = st.range(3);
+  auto q = randn<T>(L * D, 1), k = randn<T>(L * D, 2);
+  AlignedVector<T> s(TQ * TK);
+  for (auto _ : st) {
+    for (Index r0 = 0; r0 < L; r0 += TQ)
+      for (Index c0 = 0; c0 < L; c0 += TK) {
+        Eigen::Map<const Mat<T>> Q(q.data() + r0 * D, TQ, D), K(k.data() + c0 * D, TK, D);
+        Eigen::Map<Mat<T>> S(s.data(), TQ, TK);
+        S.noalias() = Q * K.transpose();
+        benchmark::DoNotOptimize(s.data());
+      }
+  }
+  st.counters["GFLOP/s"] = benchmark::Counter(2.0 * L * L * D, benchmark::Counter::kIsIterationInvariantRate,
+                                              benchmark::Counter::kIs1000);
+}
+
+struct Problem {
+  Index L, D;
+  Packing pq, pk;
+  std::vector<Index> pos;
+  AlignedVector<float> q, k, v, dout, m, l, acc, delta, dq, dk, dv;
+};
+
+Problem make_problem(Index L, Index D) {
+  Problem p{L, D, Packing{1, 1, 1, L, D}, Packing{1, 1, 1, L, D}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}};
+  p.pos.resize(L);
+  for (Index i = 0; i < L; ++i) p.pos[i] = i;
+  p.q = randn<float>(L * D, 1);
+  p.k = randn<float>(L * D, 2);
+  p.v = randn<float>(L * D, 3);
+  p.dout = randn<float>(L * D, 4);
+  p.m.resize(L);
+  p.l.resize(L);
+  p.acc.resize(L * D);
+  p.delta.resize(L);
+  p.dq.resize(L * D);
+  p.dk.resize(L * D);
+  p.dv.resize(L * D);
+  return p;
+}
+
+void BM_BlockForward(benchmark::State& st) {
+  const Index L = st.range(0), D = st.range(1);
+  Problem p = make_problem(L, D);
+  Workspace<float> ws(Tiling{st.range(2), st.range(3)});
+  const QueryShard<float> qs{p.pq, p.pos, p.q.data()};
+  const KVBlock<float> kv{p.pk, p.pos, p.k.data(), p.v.data()};
+  const Mask none;
+  double flops = 0;
+  for (auto _ : st) {
+    OnlineState<float> s{p.m.data(), p.l.data(), p.acc.data()};
+    init_online_state(p.pq, s);
+    flops = block_forward(qs, kv, none, 0.125f, s, ws).flops;
+    benchmark::DoNotOptimize(p.acc.data());
+  }
+  st.counters["GFLOP/s"] =
+      benchmark::Counter(flops, benchmark::Counter::kIsIterationInvariantRate, benchmark::Counter::kIs1000);
+}
+
+void BM_BlockBackward(benchmark::State& st) {
+  const Index L = st.range(0), D = st.range(1);
+  Problem p = make_problem(L, D);
+  Workspace<float> ws(Tiling{st.range(2), st.range(3)});
+  const QueryShard<float> qs{p.pq, p.pos, p.q.data()};
+  const KVBlock<float> kv{p.pk, p.pos, p.k.data(), p.v.data()};
+  const Mask none;
+  OnlineState<float> s{p.m.data(), p.l.data(), p.acc.data()};
+  init_online_state(p.pq, s);
+  block_forward(qs, kv, none, 0.125f, s, ws);
+  finalize_forward(p.pq, s);
+  compute_delta(p.pq, p.dout.data(), p.acc.data(), p.delta.data());
+  const GradQueryShard<float> gq{qs, p.dout.data(), p.m.data(), p.delta.data(), p.dq.data()};
+  double flops = 0;
+  for (auto _ : st) {
+    flops = block_backward(gq, kv, none, 0.125f, p.dk.data(), p.dv.data(), ws).flops;
+    benchmark::DoNotOptimize(p.dk.data());
+  }
+  st.counters["GFLOP/s"] =
+      benchmark::Counter(flops, benchmark::Counter::kIsIterationInvariantRate, benchmark::Counter::kIs1000);
+}
+
+}  // namespace
+
+BENCHMARK(BM_GemmQK<float>)->Args({4096, 64})->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_GemmTiles<float>)->Args({4096, 64, 128, 256})->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_BlockForward)
+    ->Args({4096, 64, 128, 256})
+    ->Args({4096, 64, 64, 256})
+    ->Args({4096, 64, 128, 512})
+    ->Args({4096, 64, 256, 256})
+    ->Args({4096, 64, 64, 512})
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_BlockBackward)
+    ->Args({4096, 64, 128, 256})
+    ->Args({4096, 64, 64, 256})
+    ->Args({4096, 64, 128, 512})
+    ->Args({4096, 64, 256, 128})
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK_MAIN();

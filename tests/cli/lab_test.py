@@ -1,0 +1,194 @@
+#!/usr/bin/python3
+"""End-to-end checks of `ringattn lab`, the seed-000 walkthrough, one named test per invocation.
+
+    lab_test.py NAME --binary PATH [--mpirun EXE]
+
+Each test runs real mpirun jobs and exits 0 when every assertion holds, 1 otherwise.
+The expected numbers are the seed's (five positions, D=2, float64, causal, rank 0 owns 0,1 and
+rank 1 owns 2,3,4): K and V of one position are 4 elements of 8 B.
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+ARGS = None
+FAILURES = []
+
+# The seed's ledger (rank 0, rank 1): elements that moved, per pass and direction, and memory.
+SEED_LEDGER = [
+    {"fwd_kv_send_elems": 8, "replay_kv_send_elems": 8, "grad_send_elems": 12,
+     "fwd_kv_recv_elems": 12, "replay_kv_recv_elems": 12, "grad_recv_elems": 8,
+     "send_bytes": 224, "recv_bytes": 256,
+     "resident_qkv_elems": 12, "remote_block_elems": 12, "online_state_elems": 8},
+    {"fwd_kv_send_elems": 12, "replay_kv_send_elems": 12, "grad_send_elems": 8,
+     "fwd_kv_recv_elems": 8, "replay_kv_recv_elems": 8, "grad_recv_elems": 12,
+     "send_bytes": 256, "recv_bytes": 224,
+     "resident_qkv_elems": 18, "remote_block_elems": 8, "online_state_elems": 12},
+]
+EXACT = 1e-14  # five positions of O(1) values: a few ulps of f64
+TABLES = ["ringattn lab: the seed-000 walkthrough", "events (in step order", "final outputs and gradients per position",
+          "ledger per rank"]
+RUN_CONFIG_KEYS = ["seq", "batch", "heads", "kv_heads", "head_dim", "dtype", "causal", "window", "doc_lens", "layout",
+                   "partition", "scale", "seed", "inputs", "out", "check", "report", "warmup", "iters", "trace",
+                   "timeout", "traffic"]
+
+
+def check(cond, what):
+    print(("ok   " if cond else "FAIL ") + what)
+    if not cond:
+        FAILURES.append(what)
+
+
+def ringattn(n, *args, timeout=120):
+    env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+               OMPI_MCA_rmaps_base_oversubscribe="1", OMPI_MCA_mpi_yield_when_idle="1")
+    cmd = [ARGS.mpirun, "-np", str(n), ARGS.binary, *map(str, args)]
+    return subprocess.run(cmd, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=timeout)
+
+
+def lab(n, *args):
+    """Runs lab with --report; returns (process, report or None)."""
+    with tempfile.TemporaryDirectory() as d:
+        p = ringattn(n, "lab", *args, "--report", f"{d}/r.json")
+        rep = json.load(open(f"{d}/r.json")) if os.path.exists(f"{d}/r.json") else None
+    print(p.stdout)
+    return p, rep
+
+
+def check_exact(rep, what):
+    errs = rep["check"]["max_rel_err"]
+    for k in ("o", "lse", "dq", "dk", "dv"):
+        check(errs[k] is not None and errs[k] <= EXACT, f"{what}: max rel err {k} = {errs[k]} <= {EXACT}")
+    check(rep["check"]["passed"] is True, f"{what}: check.passed")
+
+
+def test_seed_ledger():
+    p, rep = lab(2)
+    check(p.returncode == 0, f"exit 0 (got {p.returncode}: {p.stderr.strip()})")
+    for t in TABLES:
+        check(t in p.stdout, f"table '{t}' printed")
+    check(rep is not None, "report written")
+    if rep is None:
+        return
+    for k in ("config", "loss", "time", "check", "ranks"):
+        check(k in rep, f"top-level field {k}")
+    for k in RUN_CONFIG_KEYS:
+        check(k in rep["config"], f"config.{k}")
+    check(rep["config"]["partition"] == [2, 3] and rep["config"]["causal"] is True
+          and rep["config"]["traffic"] == "full", "config: partition 2,3, causal, traffic full")
+    check_exact(rep, "seed")
+    check(len(rep["ranks"]) == 2, "one entry per rank")
+    for r, want in enumerate(SEED_LEDGER):
+        rr = rep["ranks"][r]
+        check(rr["rank"] == r and rr["positions"] == [2, 3][r], f"rank {r} positions")
+        for k, v in want.items():
+            check(rr["ledger"].get(k) == v, f"rank {r} ledger.{k} = {rr['ledger'].get(k)} (seed: {v})")
+        for k in ("forward_s", "backward_s", "compute_s", "wait_s"):
+            check(isinstance(rr["time"].get(k), float) and rr["time"][k] >= 0, f"rank {r} time.{k}")
+        check(rr["work"]["tile_pairs"] > 0, f"rank {r} did work")
+    # Every event of the seed's protocol: 4 forward reads, 4 replays, 2 returns sent and 2 received.
+    section = p.stdout.split("events (in step order")[-1].split("final outputs")[0]
+    events = [l for l in section.splitlines() if l[:6].strip().isdigit()]
+    check(len(events) == 12, f"12 events in the table (got {len(events)})")
+    check(sum("return dK/dV" in l for l in events) == 2 and sum("receive dK/dV" in l for l in events) == 2,
+          "two gradient returns sent and received")
+
+
+def test_skip_empty_saves_bytes():
+    p, rep = lab(2, "--skip-empty")
+    check(p.returncode == 0, f"exit 0 (got {p.returncode}: {p.stderr.strip()})")
+    check(rep is not None, "report written")
+    if rep is None:
+        return
+    check(rep["config"]["traffic"] == "skip-empty", "config.traffic skip-empty")
+    check_exact(rep, "skip-empty")
+    full = sum(w["send_bytes"] for w in SEED_LEDGER)
+    sent = sum(r["ledger"]["send_bytes"] for r in rep["ranks"])
+    # Under causal, rank 0's queries see none of rank 1's keys: its 12-element return is all zero.
+    check(full - sent == 96, f"96 B saved versus full ({full} - {sent} = {full - sent})")
+    check(rep["ranks"][0]["ledger"]["grad_send_elems"] == 0, "rank 0 returns nothing")
+    check(rep["ranks"][1]["ledger"]["grad_send_elems"] == 8, "rank 1 still returns its 8 elements")
+    check("96 B saved" in p.stdout, "the saving is printed")
+
+
+def test_wrong_rank_count_exits_2():
+    for n, args, what in ((3, [], "N=3 with the seed's two owners"), (1, [], "N=1 with the seed's two owners"),
+                          (2, ["--partition", "1,1,3"], "three sizes on two ranks"),
+                          (2, ["--partition", "1,3"], "sizes summing to 4, not S=5")):
+        p = ringattn(n, "lab", *args)
+        lines = [l for l in p.stderr.splitlines() if l.startswith("ringattn")]
+        check(p.returncode == 2, f"{what}: exit 2 (got {p.returncode})")
+        check(len(lines) == 1 and lines[0].startswith("ringattn: error:"), f"{what}: one error line: {lines[:3]}")
+        check("events" not in p.stdout, f"{what}: no table printed")
+
+
+def test_explore_options():
+    _, causal = lab(2)
+    p, rep = lab(2, "--no-causal")
+    check(p.returncode == 0 and rep is not None, f"--no-causal: exit 0 ({p.stderr.strip()})")
+    if rep is None or causal is None:
+        return
+    check_exact(rep, "--no-causal")
+    check(rep["config"]["causal"] is False, "--no-causal: config.causal false")
+    check(abs(rep["loss"] - causal["loss"]) > 1e-6, "--no-causal changes the loss")
+    # The full protocol moves every block whatever the mask.
+    for r, want in enumerate(SEED_LEDGER):
+        check(rep["ranks"][r]["ledger"]["send_bytes"] == want["send_bytes"], f"--no-causal: rank {r} bytes as seed")
+    for part, n in (("3,2", 2), ("0,5", 2), ("2,0,3", 3), ("5", 1)):
+        p, rep = lab(n, "--partition", part)
+        check(p.returncode == 0 and rep is not None, f"--partition {part} on N={n}: exit 0 ({p.stderr.strip()})")
+        if rep is not None:
+            check_exact(rep, f"--partition {part}")
+            check([r["positions"] for r in rep["ranks"]] == [int(x) for x in part.split(",")],
+                  f"--partition {part}: positions per rank")
+
+
+def test_inputs_match_numpy():
+    import numpy as np
+    rng = np.random.default_rng(3)
+    B, S, H, HKV, D = 1, 7, 2, 1, 3
+    t = {"q": rng.standard_normal((B, S, H, D)), "k": rng.standard_normal((B, S, HKV, D)),
+         "v": rng.standard_normal((B, S, HKV, D)), "dout": rng.standard_normal((B, S, H, D))}
+    # Independent float64 reference of the loss sum(dout * O), causal, GQA by repeat_interleave.
+    k = np.repeat(t["k"], H // HKV, axis=2)
+    v = np.repeat(t["v"], H // HKV, axis=2)
+    s = np.einsum("bihd,bjhd->bhij", t["q"], k) / np.sqrt(D)
+    s = np.where(np.tril(np.ones((S, S), bool)), s, -np.inf)
+    p = np.exp(s - s.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    o = np.einsum("bhij,bjhd->bihd", p, v)
+    loss = float(np.sum(t["dout"] * o))
+    with tempfile.TemporaryDirectory() as d:
+        for name, x in t.items():
+            np.save(f"{d}/{name}.npy", x)
+        proc, rep = lab(2, "--inputs", d, "--partition", "3,4")
+    check(proc.returncode == 0 and rep is not None, f"--inputs: exit 0 ({proc.stderr.strip()})")
+    if rep is None:
+        return
+    check_exact(rep, "--inputs")
+    check(abs(rep["loss"] - loss) <= 1e-12 * max(1.0, abs(loss)), f"loss {rep['loss']} = numpy {loss}")
+    check(rep["config"]["heads"] == H and rep["config"]["kv_heads"] == HKV and rep["config"]["seq"] == S,
+          "shape from the files")
+
+
+def main():
+    global ARGS
+    ap = argparse.ArgumentParser()
+    ap.add_argument("name")
+    ap.add_argument("--binary", required=True)
+    ap.add_argument("--mpirun", default="mpirun")
+    ARGS = ap.parse_args()
+    fn = globals().get("test_" + ARGS.name)
+    if fn is None:
+        print(f"unknown test {ARGS.name}", file=sys.stderr)
+        return 2
+    fn()
+    print(f"{ARGS.name}: {'FAILED' if FAILURES else 'passed'} ({len(FAILURES)} failed checks)")
+    return 1 if FAILURES else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
