@@ -23,7 +23,8 @@ int launcher_rank() {
 int main(int argc, char** argv) {
   CLI::App cli{"ringattn: exact ring attention over MPI ranks"};
   cli.require_subcommand(1);
-  std::vector<app::Command> commands = {app::add_run_command(cli), app::add_lab_command(cli)};
+  std::vector<app::Command> commands = {app::add_run_command(cli), app::add_plan_command(cli),
+                                        app::add_probe_command(cli), app::add_lab_command(cli)};
 
   // Every rank parses the same argv and reaches the same verdict without talking, so a usage
   // error ends every rank with exit 2 before MPI is even initialised.

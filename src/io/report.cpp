@@ -1,5 +1,7 @@
 #include "ringattn/io/report.hpp"
 
+#include <algorithm>
+
 namespace ringattn::io {
 
 Json to_json(const Report& r) {
@@ -62,6 +64,19 @@ Json to_json(const Report& r) {
     ranks.push_back(x);
   }
   j["ranks"] = ranks;
+  // Load balance: max/mean of the flops each rank computed, next to seed 003's model for
+  // causal contiguous shards (rank r does r+1 block pairs: max N over mean (N+1)/2).
+  Json bal = Json::object();
+  double mx = 0, sum = 0;
+  for (const RankReport& rr : r.ranks) {
+    mx = std::max(mx, rr.work.flops);
+    sum += rr.work.flops;
+  }
+  const double n = static_cast<double>(r.ranks.size());
+  bal["flops_max_over_mean"] = sum > 0 ? mx / (sum / n) : 1.0;
+  bal["model_contiguous_causal"] = n > 0 ? 2 * n / (n + 1) : 1.0;
+  bal["total_flops"] = sum;
+  j["imbalance"] = bal;
   return j;
 }
 

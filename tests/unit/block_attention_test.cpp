@@ -277,3 +277,37 @@ TEST(BlockAttention, EmptyBlocksAndTilesAreSkipped) {
   EXPECT_EQ(own.tile_pairs, 10);
   EXPECT_EQ(own.flops, 10 * 4.0 * 8 * 8 * s.D);
 }
+
+namespace {
+// Tile pairs computed by one rank's queries against its own block (positions 0 .. L-1).
+Work self_block_work(Index L, const Mask& mask, Index T, Index D = 4) {
+  const Shape s{1, L, 1, 1, D};
+  const Layout l = Layout::contiguous(L, 1);
+  const Global g = random_inputs(s, 3);
+  auto q = shard_packed<double>(g.q, s, 1, l, 0), k = shard_packed<double>(g.k, s, 1, l, 0),
+       v = shard_packed<double>(g.v, s, 1, l, 0);
+  const Packing pk{1, 1, 1, L, D};
+  std::vector<double> m(L), ls(L), acc(L * D);
+  OnlineState<double> st{m.data(), ls.data(), acc.data()};
+  init_online_state(pk, st);
+  Workspace<double> ws(Tiling{T, T});
+  return block_forward(QueryShard<double>{pk, l.positions(0), q.data()},
+                       KVBlock<double>{pk, l.positions(0), k.data(), v.data()}, mask, 1.0, st, ws);
+}
+}  // namespace
+
+// Closed forms of the skipped work with n = L / T square tiles per side: causal keeps the
+// n(n+1)/2 tiles on or below the diagonal; a window W <= T keeps the diagonal and, for W > 1,
+// the subdiagonal (2n - 1); causal documents aligned to tiles keep sum n_d(n_d+1)/2.
+TEST(BlockAttention, SkippedTilePairsFollowTheirClosedForms) {
+  const Index L = 96, T = 8, n = L / T;
+  EXPECT_EQ(self_block_work(L, Mask::none(), T).tile_pairs, n * n);
+  EXPECT_EQ(self_block_work(L, Mask::make(L, true, 0, {}), T).tile_pairs, n * (n + 1) / 2);
+  EXPECT_EQ(self_block_work(L, Mask::make(L, true, 5, {}), T).tile_pairs, 2 * n - 1);
+  EXPECT_EQ(self_block_work(L, Mask::make(L, true, 1, {}), T).tile_pairs, n);
+  // documents of 16, 32, 48 positions = 2, 4, 6 tiles
+  EXPECT_EQ(self_block_work(L, Mask::make(L, true, 0, {16, 32, 48}), T).tile_pairs, 3 + 10 + 21);
+  EXPECT_EQ(self_block_work(L, Mask::make(L, false, 0, {16, 32, 48}), T).tile_pairs, 4 + 16 + 36);
+  const Work causal = self_block_work(L, Mask::make(L, true, 0, {}), T, 4);
+  EXPECT_EQ(causal.flops, causal.tile_pairs * 4.0 * T * T * 4);
+}

@@ -1,0 +1,135 @@
+// `ringattn plan`: the seed-003 cost model for a shape and a machine, no MPI.
+#include <fmt/format.h>
+
+#include <cmath>
+#include <memory>
+
+#include "commands.hpp"
+#include "ringattn/core/cost_model.hpp"
+#include "ringattn/io/json.hpp"
+
+namespace ringattn::app {
+
+namespace {
+
+// Decimal units, three significant digits, as the seed prints them (0.94 GB, 451 ms).
+std::string si(double v, const char* unit) {
+  const char* prefix[] = {"", "k", "M", "G", "T", "P"};
+  int k = 0;
+  while (std::abs(v) >= 1000 && k < 5) {
+    v /= 1000;
+    ++k;
+  }
+  return fmt::format("{:.4g} {}{}", v, prefix[k], unit);
+}
+
+std::string secs(double s) {
+  if (s == 0) return "0 s";
+  if (s >= 1) return fmt::format("{:.4g} s", s);
+  if (s >= 1e-3) return fmt::format("{:.4g} ms", s * 1e3);
+  return fmt::format("{:.4g} us", s * 1e6);
+}
+
+std::string pct(double r) { return fmt::format("{:.4g}%", 100 * r); }
+
+io::Json plan_json(const core::CostInputs& in, const core::CostEstimate& e) {
+  io::Json j = io::Json::object();
+  j["recv_bytes"] = e.recv_bytes;
+  j["send_bytes"] = e.send_bytes;
+  j["step_intensity"] = e.step_intensity;
+  j["layer_intensity"] = e.layer_intensity;  // null (inf) with one rank: nothing is received
+  j["beta"] = e.beta;
+  j["compute_s"] = e.compute_s;
+  j["comm_s"] = e.comm_s;
+  j["comm_ratio"] = e.comm_ratio;
+  j["step_compute_s"] = e.step_compute_s;
+  j["step_comm_s"] = e.step_comm_s;
+  j["max_ranks"] = static_cast<std::int64_t>(e.max_ranks);
+  j["causal_utilization"] = e.causal_utilization;
+  j["causal_utilization_tri"] = e.causal_utilization_tri;
+  j["ulysses_recv_bytes"] = e.ulysses_recv_bytes;
+  j["tp_bytes"] = e.tp_bytes;
+  j["verdict"] = core::verdict_text(e.verdict);
+  io::Json x = io::Json::object();
+  x["seq"] = static_cast<std::int64_t>(in.S);
+  x["ranks"] = static_cast<std::int64_t>(in.N);
+  x["heads"] = static_cast<std::int64_t>(in.H);
+  x["kv_heads"] = static_cast<std::int64_t>(in.HKV);
+  x["head_dim"] = static_cast<std::int64_t>(in.D);
+  x["batch"] = static_cast<std::int64_t>(in.B);
+  x["bytes"] = in.bytes;
+  x["flops"] = in.flops;
+  x["bandwidth"] = in.bandwidth;
+  x["causal"] = in.causal;
+  j["inputs"] = x;
+  return j;
+}
+
+void print_plan(const core::CostInputs& in, const core::CostEstimate& e) {
+  const double L = double(in.S) / double(in.N);
+  const double block = double(in.B) * L * 2 * double(in.HKV) * double(in.D) * in.bytes;
+  fmt::print("ringattn plan: B={} S={} H={} HKV={} D={} over N={} devices, p={} bytes, {}\n", in.B, in.S, in.H, in.HKV,
+             in.D, in.N, in.bytes, in.causal ? "causal (half the pairs are useful)" : "non-causal");
+  fmt::print("  machine: {}, {} one-way -> beta = flops / bandwidth = {:.6g} FLOP/byte\n", si(in.flops, "FLOP/s"),
+             si(in.bandwidth, "B/s"), e.beta);
+  fmt::print("\n  per device per layer (forward)\n");
+  fmt::print("    {:<44} {:>14} {:>12}\n", in.causal ? "compute  W = 2 B (S/N) S H D" : "compute  W = 4 B (S/N) S H D",
+             si(e.work_flops, "FLOP"), secs(e.compute_s));
+  fmt::print("    {:<44} {:>14} {:>12}   ({} K/V blocks of {})\n", "receive  C_recv = (N-1)/N B S 2 HKV D p",
+             si(e.recv_bytes, "B"), secs(e.comm_s), in.N - 1, si(block, "B"));
+  fmt::print("    {:<44} {:>14}\n", "send     N-1 blocks: own + N-2 forwarded", si(e.send_bytes, "B"));
+  fmt::print("    {:<44} {:>14}\n", "comm / compute", pct(e.comm_ratio));
+  fmt::print("\n  one ring step (one K/V block)\n");
+  fmt::print("    {:<44} {:>14} {:>12}\n", "compute  4 B (S/N)^2 H D" + std::string(in.causal ? " / 2" : ""), "",
+             secs(e.step_compute_s));
+  fmt::print("    {:<44} {:>14} {:>12}\n", "receive  2 B (S/N) HKV D p", si(in.N > 1 ? block : 0, "B"),
+             secs(e.step_comm_s));
+  fmt::print("    {:<44} {:>14}\n", "comm / compute = beta / I_step", pct(e.step_comm_ratio));
+  fmt::print("\n  arithmetic intensity (FLOP/byte)\n");
+  const std::string half = in.causal ? " / 2" : "";
+  fmt::print("    {:<44} {:>14.6g}\n", "step   I_step = (H/HKV) (S/N) (2/p)" + half, e.step_intensity);
+  fmt::print("    {:<44} {:>14.6g}\n", "layer  I = W / C_recv = (H/HKV) S/(N-1) (2/p)" + half, e.layer_intensity);
+  fmt::print("    {:<44} {:>14}   (bound {:.4g})\n", "max ranks with I_step >= beta", e.max_ranks, e.max_ranks_bound);
+  fmt::print("\n  causal, contiguous shards: utilization (N+1)/2N = {}, N/(2N-1) = {}\n", pct(e.causal_utilization),
+             pct(e.causal_utilization_tri));
+  fmt::print("  the same layer another way: Ulysses all-to-all {}, tensor parallel {} per device\n",
+             si(e.ulysses_recv_bytes, "B"), si(e.tp_bytes, "B"));
+  fmt::print("\n  verdict (per-step receive / compute {}; < 5%, 5-15%, > 15%): {}\n", pct(e.step_comm_ratio),
+             core::verdict_text(e.verdict));
+}
+
+}  // namespace
+
+Command add_plan_command(CLI::App& parent) {
+  struct Options {
+    core::CostInputs in;
+    bool json = false;
+  };
+  auto opt = std::make_shared<Options>();
+  core::CostInputs& in = opt->in;
+  CLI::App* plan = parent.add_subcommand("plan", "seed-003 cost model: bytes, intensity, beta, verdict (no MPI)");
+  plan->add_option("--seq", in.S, "total positions S")->capture_default_str();
+  plan->add_option("--ranks", in.N, "devices N")->capture_default_str();
+  plan->add_option("--heads", in.H, "query heads H")->capture_default_str();
+  plan->add_option("--kv-heads", in.HKV, "key/value heads HKV (H % HKV == 0)")->capture_default_str();
+  plan->add_option("--head-dim", in.D, "head dim D")->capture_default_str();
+  plan->add_option("--batch", in.B, "batch B")->capture_default_str();
+  plan->add_option("--bytes", in.bytes, "bytes per element p (2 = bf16)")->capture_default_str();
+  plan->add_option("--flops", in.flops, "device FLOP/s (peak for planning, measured to judge overlap)")
+      ->capture_default_str();
+  plan->add_option("--bandwidth", in.bandwidth, "one-way bytes/s between ring neighbours")->capture_default_str();
+  plan->add_flag("--causal", in.causal, "causal mask: half the pairs are useful, bytes unchanged");
+  plan->add_flag("--json", opt->json, "print one JSON object instead of the table");
+  Command cmd;
+  cmd.cli = plan;
+  cmd.needs_mpi = false;
+  cmd.run = [opt](const comm::Comm*) {
+    const core::CostEstimate e = core::estimate_cost(opt->in);  // validates: InputError -> exit 2
+    if (opt->json) fmt::print("{}\n", plan_json(opt->in, e).dump(2));
+    else print_plan(opt->in, e);
+    return 0;
+  };
+  return cmd;
+}
+
+}  // namespace ringattn::app

@@ -1,0 +1,237 @@
+#!/usr/bin/python3
+"""Charts of a scripts/sweep.sh CSV (Debian python3-matplotlib, Agg backend, no display needed).
+
+    scripts/plot.py FILE.csv [--outdir DIR] [--beta B | --probe FILE.probe.json] [--cores N]
+
+Writes three PNGs next to the CSV (or in --outdir), named after it:
+  STEM_time.png       forward + backward time against S, one line per N and layout (log-log);
+  STEM_wait.png       exposed forward wait / forward compute against the seed-003 step intensity
+                      I_step, with the model's line comm/compute = beta / I_step;
+  STEM_imbalance.png  max / mean FLOPs over ranks per layout and N (causal rows), with the seed's
+                      contiguous-shard model 2N/(N+1).
+beta is the machine's FLOP/byte ratio measured by `ringattn probe` (compute rate / ring bandwidth at
+one K/V block): --beta, or the "beta" of --probe, or of STEM.probe.json next to the CSV when sweep.sh
+wrote one. Without it the wait chart says so and draws no model line.
+"""
+import argparse
+import csv
+import json
+import math
+import os
+import sys
+from collections import defaultdict
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+LAYOUT_STYLE = {"contiguous": ("o", "-"), "zigzag": ("s", "--"), "striped": ("^", ":")}
+COLORS = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+
+
+def num(v):
+    try:
+        x = float(v)
+        return x if math.isfinite(x) else None
+    except (TypeError, ValueError):
+        return None
+
+
+def load(path):
+    rows = []
+    with open(path, newline="") as f:
+        for r in csv.DictReader(f):
+            if r.get("status") not in ("ok", "check-failed"):
+                continue
+            for k in ("N", "S", "H", "HKV", "D", "causal"):
+                r[k] = int(r[k])
+            for k in ("forward_s", "backward_s", "compute_s", "wait_s", "wait_ratio", "fwd_wait_ratio", "bytes",
+                      "gflops", "tile_pairs", "imbalance", "step_intensity", "max_error"):
+                r[k] = num(r.get(k))
+            rows.append(r)
+    return rows
+
+
+def shape_title(rows):
+    r = rows[0]
+    masks = sorted({"causal" if x["causal"] else "non-causal" for x in rows})
+    return f"H={r['H']} HKV={r['HKV']} D={r['D']} {r['dtype']}, {' and '.join(masks)}"
+
+
+def color_of(ns):
+    return {n: COLORS[i % len(COLORS)] for i, n in enumerate(sorted(ns))}
+
+
+def n_label(n, cores):
+    return f"N={n}" + (f" (oversubscribed: {cores} cores)" if n > cores else "")
+
+
+def plot_time(rows, out, cores):
+    masks = sorted({r["causal"] for r in rows})
+    fig, axes = plt.subplots(1, len(masks), figsize=(7.5 * len(masks), 5.5), squeeze=False)
+    colors = color_of({r["N"] for r in rows})
+    for ax, causal in zip(axes[0], masks):
+        groups = defaultdict(list)
+        for r in rows:
+            if r["causal"] == causal and r["forward_s"] is not None and r["backward_s"] is not None:
+                groups[(r["N"], r["layout"])].append((r["S"], r["forward_s"] + r["backward_s"]))
+        for (n, layout), pts in sorted(groups.items()):
+            pts.sort()
+            marker, ls = LAYOUT_STYLE.get(layout, ("x", "-."))
+            label = n_label(n, cores) + ("" if n == 1 else f", {layout}")
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker=marker, linestyle=ls, color=colors[n],
+                    label=label)
+        # an S^2 guide through the median of the N=1 (or smallest N) points
+        base = sorted((k for k in groups), key=lambda k: k[0])
+        if base:
+            pts = sorted(groups[base[0]])
+            s0, t0 = pts[len(pts) // 2]
+            xs = [p[0] for p in pts]
+            ax.plot(xs, [t0 * (x / s0) ** 2 for x in xs], color="gray", linewidth=0.8, alpha=0.6, label="~S² (guide)")
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("S (total positions)")
+        ax.set_ylabel("forward + backward time (s), slowest rank, median")
+        ax.set_title(("causal" if causal else "non-causal") + ": time against S")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle(f"ringattn sweep: {shape_title(rows)}")
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+
+
+def plot_wait(rows, out, beta, beta_note, cores):
+    floor = 1e-4  # log axes: an exposed wait of exactly 0 is drawn here
+    panels = (("fwd_wait_ratio", "forward pass (last iteration's trace)"),
+              ("wait_ratio", "forward + backward (median over iterations)"))
+    pts = [r for r in rows if r["N"] > 1 and r["step_intensity"]]
+    fig, axes = plt.subplots(1, 2, figsize=(15, 6), sharey=True)
+    colors = color_of({r["N"] for r in pts} or {2})
+    layouts = sorted({r["layout"] for r in pts})
+    xs = sorted(r["step_intensity"] for r in pts) or [1, 1e4]
+    lo, hi = xs[0] / 2, xs[-1] * 2
+    for ax, (col_name, what) in zip(axes, panels):
+        seen = set()
+        for r in pts:
+            if r[col_name] is None:
+                continue
+            marker, _ = LAYOUT_STYLE.get(r["layout"], ("x", "-"))
+            # layouts share I_step: offset them a little so the markers do not hide each other
+            shift = 1 + 0.04 * (layouts.index(r["layout"]) - (len(layouts) - 1) / 2)
+            key = (r["N"], r["layout"], r["causal"])
+            label = None if key in seen else (f"{n_label(r['N'], cores)}, {r['layout']}" +
+                                              (", causal" if r["causal"] else ", non-causal"))
+            seen.add(key)
+            c = colors[r["N"]]  # filled: causal, hollow: non-causal
+            ax.scatter([r["step_intensity"] * shift], [max(r[col_name], floor)], marker=marker, edgecolors=c,
+                       facecolors=c if r["causal"] else "none", s=40, label=label)
+        if beta:
+            grid = [lo * (hi / lo) ** (i / 50) for i in range(51)]
+            ax.plot(grid, [beta / x for x in grid], color="black", linewidth=1.2,
+                    label=f"model, nothing overlapped: comm/compute = β / I_step (β = {beta:.3g} FLOP/byte)")
+        for y, name in ((0.05, "5%"), (0.15, "15%")):
+            ax.axhline(y, color="gray", linestyle="--", linewidth=0.8)
+            ax.text(hi, y, f" {name}", va="center", ha="left", fontsize=8, color="gray")
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlim(lo, hi)
+        ax.set_xlabel("step intensity I_step (FLOP/byte)")
+        ax.set_title(what, fontsize=10)
+        ax.grid(True, which="both", alpha=0.3)
+    axes[0].set_ylabel(f"exposed wait / compute, all ranks (0 drawn at {floor:g})")
+    axes[1].legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.06, 1), borderaxespad=0)
+    fig.suptitle(f"Exposed communication against step intensity ({shape_title(rows)})\n{beta_note}\n"
+                 "I_step = (H/HKV)(S/N)(2/p), halved when causal; layouts offset ±4% along x so they stay visible",
+                 fontsize=10)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+
+
+def plot_imbalance(rows, out, cores):
+    causal = [r for r in rows if r["causal"] and r["N"] > 1 and r["imbalance"] is not None]
+    use = causal or [r for r in rows if r["N"] > 1 and r["imbalance"] is not None]
+    fig, ax = plt.subplots(figsize=(8.5, 5.5))
+    ns = sorted({r["N"] for r in use})
+    layouts = [l for l in LAYOUT_STYLE if any(r["layout"] == l for r in use)]
+    layouts += sorted({r["layout"] for r in use} - set(layouts))
+    width = 0.8 / max(1, len(layouts))
+    for i, layout in enumerate(layouts):
+        xs, ys, labels = [], [], []
+        for j, n in enumerate(ns):
+            cand = [r for r in use if r["N"] == n and r["layout"] == layout]
+            if not cand:
+                continue
+            r = max(cand, key=lambda r: r["S"])  # the largest S: tiles are finest relative to the shard
+            xs.append(j + (i - (len(layouts) - 1) / 2) * width)
+            ys.append(r["imbalance"])
+            labels.append(f"S={r['S']}")
+        bars = ax.bar(xs, ys, width=width * 0.95, label=layout, color=COLORS[i % len(COLORS)])
+        if causal and layout == "contiguous":  # the seed's model is about contiguous shards
+            present = [n for n in ns if any(r["N"] == n and r["layout"] == layout for r in use)]
+            for k, (x, n) in enumerate(zip(xs, present)):
+                # 1 / utilization: diagonal block counted whole (N+1)/2N, or as a triangle N/(2N-1)
+                ax.hlines(2 * n / (n + 1), x - width / 2, x + width / 2, colors="black", linestyles="--",
+                          linewidth=2, label="seed model, diagonal block whole: 2N/(N+1)" if k == 0 else None)
+                ax.hlines((2 * n - 1) / n, x - width / 2, x + width / 2, colors="black", linestyles=":",
+                          linewidth=2, label="seed model, diagonal as a triangle: (2N-1)/N" if k == 0 else None)
+        for b, t in zip(bars, labels):
+            ax.text(b.get_x() + b.get_width() / 2, b.get_height() / 2, f"{b.get_height():.2f}\n{t}", ha="center",
+                    va="center", fontsize=8, color="white")
+    ax.axhline(1.0, color="gray", linewidth=0.8)
+    ax.set_xticks(range(len(ns)), [n_label(n, cores) for n in ns], fontsize=8)
+    ax.set_ylabel("max / mean FLOPs over ranks (forward + backward)")
+    ax.set_ylim(0, max([r["imbalance"] for r in use] + [2.0]) * 1.25)
+    ax.set_title(f"Load imbalance per layout{'' if causal else ' (no causal rows: every layout is balanced)'}\n"
+                 f"{shape_title(use or rows)}", fontsize=10)
+    ax.legend(fontsize=8, loc="upper left")
+    ax.grid(True, axis="y", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("csv")
+    ap.add_argument("--outdir", help="directory of the PNGs (default: the CSV's)")
+    ap.add_argument("--beta", type=float, help="machine FLOP/byte for the model line (from ringattn probe)")
+    ap.add_argument("--probe", help="ringattn probe --json output to read beta from")
+    ap.add_argument("--cores", type=int, default=os.cpu_count() or 1, help="cores of the machine the sweep ran on")
+    a = ap.parse_args()
+
+    rows = load(a.csv)
+    if not rows:
+        print(f"plot.py: error: {a.csv}: no successful runs to plot", file=sys.stderr)
+        return 2
+    stem = os.path.splitext(os.path.basename(a.csv))[0]
+    outdir = a.outdir or os.path.dirname(os.path.abspath(a.csv))
+    os.makedirs(outdir, exist_ok=True)
+
+    beta, note = a.beta, ""
+    probe = a.probe or os.path.join(os.path.dirname(os.path.abspath(a.csv)), stem + ".probe.json")
+    if beta:
+        note = "β given with --beta"
+    elif os.path.exists(probe):
+        p = json.load(open(probe))
+        beta = p.get("beta")
+        c = p.get("config", {})
+        note = (f"β measured by ringattn probe (N={c.get('ranks')}, S={c.get('seq')}): "
+                f"{(p.get('compute_flops') or 0) * 1e-9:.1f} GFLOP/s / {p.get('block_gbps') or 0:.2f} GB/s "
+                f"at one {int(p.get('block_bytes') or 0) >> 20} MiB K/V block")
+    if not beta:
+        note = "no β: pass --beta or --probe (ringattn probe --json) to draw the model line"
+
+    outs = [os.path.join(outdir, f"{stem}_{k}.png") for k in ("time", "wait", "imbalance")]
+    plot_time(rows, outs[0], a.cores)
+    plot_wait(rows, outs[1], beta, note, a.cores)
+    plot_imbalance(rows, outs[2], a.cores)
+    for o in outs:
+        print(o)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,200 @@
+#!/usr/bin/env bash
+# Sweep ring attention over N ranks x S positions x layout x mask, one mpirun per point, and write
+# one CSV row per run (then: scripts/plot.py FILE.csv). Defaults fit this 2-core machine in a few
+# minutes; every option also reads an environment variable of the same name in capitals.
+#
+#   scripts/sweep.sh [--ranks "1 2 4"] [--seqs "1024 2048 4096 8192 16384"]
+#                    [--layouts "contiguous zigzag striped"] [--masks "causal"] [--causal | --no-causal]
+#                    [--heads 4] [--kv-heads H] [--head-dim 64] [--dtype f32] [--warmup 1] [--iters 2]
+#                    [--check-max-seq 1024] [--oversub-max-seq 8192] [--run-args "..."] [--no-probe]
+#                    [--build] [--out build/sweep/sweep.csv]
+#
+# Per point: `ringattn run ... --report --trace` (and --check when S <= --check-max-seq: the dense
+# float64 reference is O(S^2) and every rank computes it; at S = 2048 it costs more than the run).
+# At N = 1 the layouts coincide, so only the first runs.
+# With more ranks than cores (N > nproc) the ranks share cores and times mean little; those points
+# stop at --oversub-max-seq (their counts, bytes and imbalance are still exact).
+# Unless --no-probe, `ringattn probe` runs once first (N = 2) and writes FILE.probe.json next to the
+# CSV; plot.py reads its beta for the model line.
+#
+# CSV columns (times in seconds, medians over --iters; "slowest" = max over ranks):
+#   N S B H HKV D dtype causal layout
+#   forward_s backward_s   the report's time: slowest rank, median over iterations
+#   compute_s wait_s       slowest rank's kernel time and exposed wait (forward + backward)
+#   wait_ratio             sum of wait / sum of compute over ranks (forward + backward)
+#   fwd_wait_ratio         the same for the forward pass alone, from the last iteration's trace
+#   bytes                  bytes sent by all ranks (forward, replay and gradient returns)
+#   gflops                 FLOPs of all ranks / (forward_s + backward_s) / 1e9
+#   tile_pairs             computed tile pairs, all ranks
+#   imbalance              max / mean FLOPs over ranks (1 = balanced)
+#   step_intensity         seed-003 I_step from `ringattn plan` (FLOP/byte, halved when causal)
+#   max_error              largest check.max_rel_err of o, lse, dq, dk, dv (empty without --check)
+#   status                 ok, check-failed or exit-<code>
+set -euo pipefail
+source "$(dirname "$0")/common.sh"
+
+RANKS="${RANKS:-1 2 4}"
+SEQS="${SEQS:-1024 2048 4096 8192 16384}"
+LAYOUTS="${LAYOUTS:-contiguous zigzag striped}"
+MASKS="${MASKS:-causal}"
+HEADS="${HEADS:-4}"
+KV_HEADS="${KV_HEADS:-}"
+HEAD_DIM="${HEAD_DIM:-64}"
+DTYPE="${DTYPE:-f32}"
+WARMUP="${WARMUP:-1}"
+ITERS="${ITERS:-2}"
+CHECK_MAX_SEQ="${CHECK_MAX_SEQ:-1024}"
+OVERSUB_MAX_SEQ="${OVERSUB_MAX_SEQ:-8192}"
+RUN_ARGS="${RUN_ARGS:-}"
+PROBE="${PROBE:-1}"
+DO_BUILD=0
+OUT="${OUT:-$BUILD/sweep/sweep.csv}"
+
+usage() { sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; }
+die() { echo "sweep.sh: error: $*" >&2; exit 2; }
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --causal) MASKS="causal"; shift; continue ;;
+    --no-causal) MASKS="none"; shift; continue ;;
+    --no-probe) PROBE=0; shift; continue ;;
+    --build) DO_BUILD=1; shift; continue ;;
+    -h|--help) usage; exit 0 ;;
+  esac
+  [ $# -ge 2 ] || die "$1: needs a value (see --help)"
+  case "$1" in
+    --ranks) RANKS="$2" ;;
+    --seqs) SEQS="$2" ;;
+    --layouts) LAYOUTS="$2" ;;
+    --masks) MASKS="$2" ;;
+    --heads) HEADS="$2" ;;
+    --kv-heads) KV_HEADS="$2" ;;
+    --head-dim) HEAD_DIM="$2" ;;
+    --dtype) DTYPE="$2" ;;
+    --warmup) WARMUP="$2" ;;
+    --iters) ITERS="$2" ;;
+    --check-max-seq) CHECK_MAX_SEQ="$2" ;;
+    --oversub-max-seq) OVERSUB_MAX_SEQ="$2" ;;
+    --run-args) RUN_ARGS="$2" ;;
+    --out) OUT="$2" ;;
+    *) die "unknown option '$1' (see --help)" ;;
+  esac
+  shift 2
+done
+KV_HEADS="${KV_HEADS:-$HEADS}"
+for m in $MASKS; do
+  case "$m" in none|causal) ;; *) die "--masks: unknown mask '$m' (expected none or causal)" ;; esac
+done
+for v in $RANKS $SEQS "$HEADS" "$KV_HEADS" "$HEAD_DIM" "$ITERS" "$CHECK_MAX_SEQ" "$OVERSUB_MAX_SEQ"; do
+  [[ "$v" =~ ^[0-9]+$ ]] || die "'$v' is not a non-negative integer"
+done
+
+[ "$DO_BUILD" = 1 ] && build >/dev/null
+[ -x "$BIN" ] || die "$BIN not found (build first, or pass --build)"
+# Idle ranks yield their core instead of spinning: with more ranks than cores, spinning starves
+# the rank that computes.
+export OMPI_MCA_mpi_yield_when_idle=1
+CORES="$(nproc 2>/dev/null || echo 2)"
+mkdir -p "$(dirname "$OUT")"
+TMP="$(mktemp -d)"
+trap 'rm -rf "$TMP"' EXIT
+
+CSV_COLUMNS="N S B H HKV D dtype causal layout forward_s backward_s compute_s wait_s wait_ratio fwd_wait_ratio bytes \
+gflops tile_pairs imbalance step_intensity max_error status"
+
+# One CSV row from a run's report, trace and the cost model (python3 from Debian; no jq here).
+row() {  # row N S mask layout status report trace
+  /usr/bin/python3 - "$@" "$BIN" "$HEADS" "$KV_HEADS" "$HEAD_DIM" "$DTYPE" "$CSV_COLUMNS" <<'EOF'
+import json, os, subprocess, sys
+N, S, mask, layout, status, report, trace, binary, H, HKV, D, dtype, cols = sys.argv[1:]
+causal = mask == "causal"
+p = 4 if dtype == "f32" else 8
+plan = json.loads(subprocess.run(
+    [binary, "plan", "--seq", S, "--ranks", N, "--heads", H, "--kv-heads", HKV, "--head-dim", D,
+     "--bytes", str(p)] + (["--causal"] if causal else []) + ["--json"],
+    check=True, capture_output=True, text=True).stdout)
+row = dict(N=N, S=S, B=1, H=H, HKV=HKV, D=D, dtype=dtype, causal=int(causal), layout=layout,
+           step_intensity=plan["step_intensity"], status=status)
+if os.path.exists(report):
+    rep = json.load(open(report))
+    ranks = rep["ranks"]
+    row["B"] = rep["config"]["batch"]
+    fwd, bwd = rep["time"]["forward_s"], rep["time"]["backward_s"]
+    comp = [r["time"]["compute_s"] for r in ranks]
+    wait = [r["time"]["wait_s"] for r in ranks]
+    flops = [r["work"]["flops"] for r in ranks]
+    mean = sum(flops) / len(flops)
+    row.update(forward_s=fwd, backward_s=bwd, compute_s=max(comp), wait_s=max(wait),
+               wait_ratio=sum(wait) / sum(comp) if sum(comp) > 0 else "",
+               bytes=sum(r["ledger"]["send_bytes"] for r in ranks),
+               gflops=sum(flops) / (fwd + bwd) * 1e-9 if fwd + bwd > 0 else "",
+               tile_pairs=sum(r["work"]["tile_pairs"] for r in ranks),
+               imbalance=max(flops) / mean if mean > 0 else "")
+    if "check" in rep:
+        errs = [e for e in rep["check"]["max_rel_err"].values() if e is not None]
+        row["max_error"] = max(errs) if errs else ""
+if os.path.exists(trace):
+    steps = [json.loads(l) for l in open(trace) if l.strip()]
+    f = [s for s in steps if s.get("pass") == "forward"]
+    c = sum(s["compute_s"] for s in f)
+    row["fwd_wait_ratio"] = sum(s["wait_s"] for s in f) / c if c > 0 else ""
+cols = cols.split()
+fmt = lambda v: f"{v:.6g}" if isinstance(v, float) else str(v)
+print(",".join(fmt(row.get(k, "")) for k in cols))
+EOF
+}
+
+points=()
+for N in $RANKS; do
+  [ "$N" -ge 1 ] || die "--ranks: $N is not a rank count (expected >= 1)"
+  for S in $SEQS; do
+    [ "$N" -gt "$CORES" ] && [ "$S" -gt "$OVERSUB_MAX_SEQ" ] && continue
+    for mask in $MASKS; do
+      for layout in $LAYOUTS; do
+        points+=("$N $S $mask $layout")
+        [ "$N" -eq 1 ] && break  # one rank: every layout is the same
+      done
+    done
+  done
+done
+
+t_start=$SECONDS
+if [ "$PROBE" = 1 ]; then
+  probe_out="${OUT%.csv}.probe.json"
+  echo "sweep: probe (N=2, S=4096) -> $probe_out" >&2
+  if ! mpirun -np 2 "$BIN" probe --seq 4096 --heads "$HEADS" --kv-heads "$KV_HEADS" --head-dim "$HEAD_DIM" \
+      --dtype "$DTYPE" --json >"$TMP/probe.json" 2>"$TMP/probe.err"; then
+    echo "sweep: probe failed: $(tail -1 "$TMP/probe.err")" >&2
+  else
+    mv "$TMP/probe.json" "$probe_out"
+  fi
+fi
+
+echo "${CSV_COLUMNS// /,}" >"$OUT.partial"
+failed=0
+k=0
+for pt in "${points[@]}"; do
+  read -r N S mask layout <<<"$pt"
+  k=$((k + 1))
+  args=(run --seq "$S" --heads "$HEADS" --kv-heads "$KV_HEADS" --head-dim "$HEAD_DIM" --dtype "$DTYPE"
+        --layout "$layout" --warmup "$WARMUP" --iters "$ITERS" --report "$TMP/report.json" --trace "$TMP/trace.jsonl")
+  [ "$mask" = causal ] && args+=(--causal)
+  [ "$S" -le "$CHECK_MAX_SEQ" ] && args+=(--check)
+  # shellcheck disable=SC2206  # --run-args is split into words on purpose
+  [ -n "$RUN_ARGS" ] && args+=($RUN_ARGS)
+  rm -f "$TMP/report.json" "$TMP/trace.jsonl"
+  t0=$SECONDS
+  rc=0
+  mpirun -np "$N" "$BIN" "${args[@]}" >"$TMP/out.txt" 2>"$TMP/err.txt" || rc=$?
+  case $rc in 0) status=ok ;; 1) status=check-failed ;; *) status="exit-$rc" ;; esac
+  if [ $rc -ne 0 ]; then
+    failed=$((failed + 1))
+    echo "sweep: N=$N S=$S $mask $layout: $status: $(grep -m1 ringattn "$TMP/err.txt" || tail -1 "$TMP/err.txt")" >&2
+  fi
+  line="$(row "$N" "$S" "$mask" "$layout" "$status" "$TMP/report.json" "$TMP/trace.jsonl")"
+  echo "$line" >>"$OUT.partial"
+  printf 'sweep: [%d/%d] N=%s S=%-6s %-6s %-10s %s  (%ds, %ds total)\n' "$k" "${#points[@]}" "$N" "$S" "$mask" \
+    "$layout" "$status" $((SECONDS - t0)) $((SECONDS - t_start)) >&2
+done
+mv "$OUT.partial" "$OUT"
+echo "sweep: ${#points[@]} runs, $failed failed, $((SECONDS - t_start)) s -> $OUT" >&2
+[ "$failed" -eq 0 ]
