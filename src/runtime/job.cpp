@@ -20,40 +20,23 @@
 #include "ringattn/io/json.hpp"
 #include "ringattn/io/npy.hpp"
 #include "ringattn/io/report.hpp"
+#include "ringattn/runtime/common.hpp"
 #include "ringattn/runtime/ring_attention.hpp"
 
 namespace ringattn::runtime {
 
 double check_tolerance(core::DType t) { return t == core::DType::f32 ? 3e-4 : 1e-10; }
 
+Index peak_rss_bytes() {
+  rusage ru{};
+  getrusage(RUSAGE_SELF, &ru);
+  return static_cast<Index>(ru.ru_maxrss) * 1024;  // Linux reports KiB
+}
+
 namespace {
 
 using core::DType;
 using core::Shape;
-
-// Run `fn` on every rank; if it throws InputError on any rank, every rank throws the message of
-// the lowest failing rank. Keeps ranks from waiting on a peer that already gave up.
-template <class Fn>
-void agreed(const comm::Comm& comm, Fn&& fn) {
-  std::string err;
-  try {
-    fn();
-  } catch (const InputError& e) {
-    err = e.what();
-  }
-  if (auto e = comm.agree(err)) throw InputError(*e);
-}
-
-template <class Fn>
-void agreed_runtime(const comm::Comm& comm, Fn&& fn) {
-  std::string err;
-  try {
-    fn();
-  } catch (const std::exception& e) {
-    err = e.what();
-  }
-  if (auto e = comm.agree(err)) throw AgreedFailure(*e);
-}
 
 // A tensor with the position axis in the middle: [outer, S, inner].
 struct TensorSpec {
@@ -232,20 +215,6 @@ template <class T>
 struct Outputs {
   std::vector<T> o, lse, dq, dk, dv;
 };
-
-// High-water mark of this process's resident memory (Linux reports ru_maxrss in KiB).
-Index peak_rss_bytes() {
-  rusage ru{};
-  getrusage(RUSAGE_SELF, &ru);
-  return static_cast<Index>(ru.ru_maxrss) * 1024;
-}
-
-double median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const std::size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
 
 // max |x - ref| over this rank's positions of a global reference tensor [outer, S, inner];
 // -inf must match exactly and NaN never passes (returns +inf).

@@ -1,5 +1,7 @@
 #include "ringattn/runtime/lab.hpp"
 
+#include "ringattn/runtime/common.hpp"
+
 #include <fmt/format.h>
 #include <sys/resource.h>
 
@@ -28,18 +30,6 @@ constexpr Index kMaxSeq = 64, kMaxRowValues = 64;  // S, and B*H*D per position
 // The seed's tensors are O(1) and every output sums at most five terms: a few ulps of f64 at
 // most. User inputs may carry large logits, where exp amplifies score rounding: `run`'s f64 bound.
 constexpr double kSeedTolerance = 1e-14;
-
-// Run `fn` on every rank; an InputError on any rank becomes the same InputError on every rank.
-template <class Fn>
-void agreed(const comm::Comm& comm, Fn&& fn) {
-  std::string err;
-  try {
-    fn();
-  } catch (const InputError& e) {
-    err = e.what();
-  }
-  if (auto e = comm.agree(err)) throw InputError(*e);
-}
 
 std::string join(std::span<const Index> v, const char* sep = ",") {
   std::string s;
@@ -249,13 +239,6 @@ double max_abs_diff(const std::vector<double>& x, const std::vector<double>& ref
     if (std::isfinite(x[n])) d = std::max(d, std::abs(x[n] - ref[n]));
   }
   return d;
-}
-
-// High-water mark of this process's resident memory (Linux reports ru_maxrss in KiB).
-Index peak_rss_bytes() {
-  rusage ru{};
-  getrusage(RUSAGE_SELF, &ru);
-  return static_cast<Index>(ru.ru_maxrss) * 1024;
 }
 
 const char* traffic_name(core::Traffic t) {
