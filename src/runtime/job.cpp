@@ -473,20 +473,61 @@ void write_trace(const comm::Comm& comm, const std::string& path, const std::vec
   });
 }
 
+// Progress of long runs on rank 0's stderr: a live line on a terminal; in logs at most one line
+// every few seconds. Silent for the first two seconds so short jobs print nothing.
+class ProgressLine {
+ public:
+  ProgressLine(int iterations) : tty_(::isatty(STDERR_FILENO) != 0), iterations_(iterations), t0_(comm::wtime()) {}
+  void iteration(int it) { it_ = it; }
+  void operator()(int pass, int done, int steps) {
+    const double now = comm::wtime();
+    if (done == 0) {  // a pass starts
+      pass_t0_ = now;
+      return;
+    }
+    if (now - t0_ < 2.0) return;
+    if (!tty_ && now - last_ < 5.0 && done < steps) return;
+    const double per_step = (now - pass_t0_) / done;
+    const std::string line =
+        fmt::format("ringattn: iteration {}/{} {} step {}/{}  elapsed {:.1f} s  pass remaining ~{:.1f} s", it_ + 1,
+                    iterations_, pass == 0 ? "forward" : "backward", done, steps, now - t0_, per_step * (steps - done));
+    if (tty_) fmt::print(stderr, "\r{:<100}{}", line, done == steps ? "\n" : "");
+    else if (now - last_ >= 5.0) fmt::print(stderr, "{}\n", line);
+    std::fflush(stderr);
+    last_ = now;
+  }
+
+ private:
+  bool tty_;
+  int iterations_, it_ = 0;
+  double t0_, pass_t0_ = 0, last_ = -1e9;
+};
+
 template <class T>
 int run_typed(const comm::Comm& comm, const JobConfig& c, const Plan& p) {
   const int r = comm.rank(), N = comm.size();
   Shard<T> in;
   agreed(comm, [&] { in = load_shard<T>(comm, c, p); });
 
-  RingSetup setup{p.shape,    &p.layout, &p.mask,          p.scale,      c.tiling,
-                  c.timeout,  p.traffic, c.drop_grad_step, c.stall_rank, c.stall_s};
+  RingSetup setup{.shape = p.shape,
+                  .layout = &p.layout,
+                  .mask = &p.mask,
+                  .scale = p.scale,
+                  .tiling = c.tiling,
+                  .timeout_s = c.timeout,
+                  .traffic = p.traffic,
+                  .drop_grad_step = c.drop_grad_step,
+                  .stall_rank = c.stall_rank,
+                  .stall_s = c.stall_s};
+  ProgressLine progress(c.warmup + c.iters);
+  if (r == 0) setup.on_step = [&progress](int pass, int done, int steps) { progress(pass, done, steps); };
   RingAttention<T> ring(comm, setup);
   ring.load(in.q.data(), in.k.data(), in.v.data(), in.dout.data());
 
   std::vector<double> fwd, bwd, comp, wait, fwd_slow, bwd_slow;
   PassStats pf, pb;
   for (int it = 0; it < c.warmup + c.iters; ++it) {
+    progress.iteration(it);
     comm.barrier();
     pf = ring.forward();
     pb = c.backward ? ring.backward() : PassStats{};

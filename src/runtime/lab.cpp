@@ -335,7 +335,14 @@ LabResult run_lab(const comm::Comm& comm, const LabConfig& cfg) {
 
   // The ring, with every event recorded on the rank that performs it.
   const Index qi = s.H * s.D, ki = s.HKV * s.D, L = res.layout.size(rank);
-  RingSetup setup{s, &res.layout, &res.mask, res.scale, kTiling, kTimeout, res.traffic, cfg.drop_grad_step};
+  RingSetup setup{.shape = s,
+                  .layout = &res.layout,
+                  .mask = &res.mask,
+                  .scale = res.scale,
+                  .tiling = kTiling,
+                  .timeout_s = kTimeout,
+                  .traffic = res.traffic,
+                  .drop_grad_step = cfg.drop_grad_step};
   RingAttention<double> ring(comm, setup);
   Recorder rec(res.layout, rank, cfg.drop_grad_step);
   ring.set_observer(&rec);

@@ -87,6 +87,7 @@ PassStats RingAttention<T>::forward() {
   ledger_.fwd_kv_send_elems = ledger_.fwd_kv_recv_elems = ledger_.remote_block_elems = 0;
   const T scale = static_cast<T>(s_.scale);
   const T* cur = kv_own_.data();
+  if (s_.on_step) s_.on_step(0, 0, plan_.steps());
   for (int j = 0; j < plan_.steps(); ++j) {
     const int owner = plan_.owner(r_, j);
     comm::Exchange kvx(comm_);
@@ -120,6 +121,7 @@ PassStats RingAttention<T>::forward() {
     ps.compute_s += rec.compute_s;
     ps.wait_s += rec.wait_s;
     ps.steps.push_back(rec);
+    if (s_.on_step) s_.on_step(0, j + 1, plan_.steps());
   }
   core::finalize_forward(pq_, st);
   ps.total_s = comm::wtime() - t_pass;
@@ -159,6 +161,7 @@ PassStats RingAttention<T>::backward() {
     return w;
   };
   const T* cur = kv_own_.data();
+  if (s_.on_step) s_.on_step(1, 0, plan_.steps());
   for (int j = 0; j < plan_.steps(); ++j) {
     const int owner = plan_.owner(r_, j);
     comm::Exchange kvx(comm_);
@@ -212,6 +215,7 @@ PassStats RingAttention<T>::backward() {
     ps.compute_s += rec.compute_s;
     ps.wait_s += rec.wait_s;
     ps.steps.push_back(rec);
+    if (s_.on_step) s_.on_step(1, j + 1, plan_.steps());
   }
   if (plan_.steps() >= 2) {
     const double w = finish_grads(plan_.steps() - 1);

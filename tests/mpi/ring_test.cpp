@@ -99,7 +99,14 @@ RingRun<T> run_ring(const Case& c, int drop_grad_step = -1, Traffic traffic = Tr
              v = global_input<T>(InputTensor::v, s.B, s.S, ki), dout = global_input<T>(InputTensor::dout, s.B, s.S, qi);
   const DenseResult ref = reference_attention(s, mask, scale, q, k, v, dout);
 
-  runtime::RingSetup setup{s, &layout, &mask, scale, c.tiling, 60.0, traffic, drop_grad_step};
+  runtime::RingSetup setup{.shape = s,
+                           .layout = &layout,
+                           .mask = &mask,
+                           .scale = scale,
+                           .tiling = c.tiling,
+                           .timeout_s = 60.0,
+                           .traffic = traffic,
+                           .drop_grad_step = drop_grad_step};
   runtime::RingAttention<T> ring(comm, setup);
   const auto lq = local_slice<T>(q, s.B, qi, layout, r), lk = local_slice<T>(k, s.B, ki, layout, r),
              lv = local_slice<T>(v, s.B, ki, layout, r), ld = local_slice<T>(dout, s.B, qi, layout, r);

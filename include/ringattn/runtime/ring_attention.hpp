@@ -8,6 +8,7 @@
 // some rank needs) and how many steps the ring runs. In the backward pass, after step j it sends its contribution for block (r - j) to
 // that owner and receives from (r + j) mod N the contribution to its own block; the owner adds
 // them in step order after its own, so results are bitwise reproducible for a given N and layout.
+#include <functional>
 #include <vector>
 
 #include "ringattn/comm/comm.hpp"
@@ -53,6 +54,9 @@ struct RingSetup {
   int drop_grad_step = -1;
   int stall_rank = -1;
   double stall_s = 0;
+  // Called as each pass starts (done = 0) and after every ring step with (pass, steps done,
+  // steps in the pass); may be empty.
+  std::function<void(int pass, int done, int steps)> on_step = nullptr;
 };
 
 struct StepRecord {
