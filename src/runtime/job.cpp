@@ -522,7 +522,7 @@ int run_typed(const comm::Comm& comm, const JobConfig& c, const Plan& p) {
   ProgressLine progress(c.warmup + c.iters);
   if (r == 0) setup.on_step = [&progress](int pass, int done, int steps) { progress(pass, done, steps); };
   RingAttention<T> ring(comm, setup);
-  ring.load(in.q.data(), in.k.data(), in.v.data(), in.dout.data());
+  ring.load(in.q.data(), in.k.data(), in.v.data(), c.backward ? in.dout.data() : nullptr);
 
   std::vector<double> fwd, bwd, comp, wait, fwd_slow, bwd_slow;
   PassStats pf, pb;

@@ -28,19 +28,15 @@ RingAttention<T>::RingAttention(const comm::Comm& comm, const RingSetup& setup)
   pq_ = core::Packing{sh.B, sh.HKV, sh.G(), L_, sh.D};
   const core::Packing pk_own = packing(r_);
   const Index max_block = 2 * core::Packing{sh.B, sh.HKV, 1, s_.layout->max_size(), sh.D}.kv_elems();
+  // Forward buffers now; the backward's (dout, delta, dq, dK/dV, gradient returns) on the first
+  // backward(), so a forward-only job never holds them.
   q_.resize(pq_.q_elems());
-  dout_.resize(pq_.q_elems());
   kv_own_.resize(2 * pk_own.kv_elems());
   m_.resize(pq_.row_elems());
   l_.resize(pq_.row_elems());
   acc_.resize(pq_.q_elems());
-  delta_.resize(pq_.row_elems());
-  dq_.resize(pq_.q_elems());
-  dkv_own_.resize(2 * pk_own.kv_elems());
-  if (N_ > 1) {
-    for (auto* v : {&kv_buf_[0], &kv_buf_[1], &grad_send_[0], &grad_send_[1]}) v->resize(max_block);
-    for (auto* v : {&grad_recv_[0], &grad_recv_[1]}) v->resize(2 * pk_own.kv_elems());
-  }
+  if (N_ > 1)
+    for (auto* v : {&kv_buf_[0], &kv_buf_[1]}) v->resize(max_block);
   qshard_ = core::QueryShard<T>{pq_, s_.layout->positions(r_), q_.data()};
 }
 
@@ -66,12 +62,32 @@ Index RingAttention<T>::resident_bytes() const {
 }
 
 template <class T>
+void RingAttention<T>::allocate_backward() {
+  if (backward_ready_) return;
+  backward_ready_ = true;
+  const core::Shape& sh = s_.shape;
+  const Index own = 2 * packing(r_).kv_elems();
+  const Index max_block = 2 * core::Packing{sh.B, sh.HKV, 1, s_.layout->max_size(), sh.D}.kv_elems();
+  dout_.resize(pq_.q_elems());
+  delta_.resize(pq_.row_elems());
+  dq_.resize(pq_.q_elems());
+  dkv_own_.resize(own);
+  if (N_ > 1) {
+    for (auto* v : {&grad_send_[0], &grad_send_[1]}) v->resize(max_block);
+    for (auto* v : {&grad_recv_[0], &grad_recv_[1]}) v->resize(own);
+  }
+}
+
+template <class T>
 void RingAttention<T>::load(const T* q, const T* k, const T* v, const T* dout) {
   const core::Packing pk = packing(r_);
   core::pack_heads(pq_, q, q_.data());
   core::pack_heads(pk, k, kv_own_.data());
   core::pack_heads(pk, v, kv_own_.data() + pk.kv_elems());
-  if (dout) core::pack_heads(pq_, dout, dout_.data());
+  if (dout) {
+    allocate_backward();
+    core::pack_heads(pq_, dout, dout_.data());
+  }
   const core::Shape& sh = s_.shape;
   ledger_ = core::Ledger{};
   ledger_.resident_qkv_elems = sh.B * L_ * (sh.H + 2 * sh.HKV) * sh.D;
@@ -132,6 +148,7 @@ template <class T>
 PassStats RingAttention<T>::backward() {
   PassStats ps;
   const double t_pass = comm::wtime();
+  allocate_backward();
   ledger_.replay_kv_send_elems = ledger_.replay_kv_recv_elems = 0;
   ledger_.grad_send_elems = ledger_.grad_recv_elems = 0;
   const T scale = static_cast<T>(s_.scale);

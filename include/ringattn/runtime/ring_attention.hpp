@@ -80,7 +80,7 @@ class RingAttention {
   RingAttention(const comm::Comm& comm, const RingSetup& setup);
 
   // Local inputs in file order: q, dout [B, L, H, D]; k, v [B, L, HKV, D] (dout may be null
-  // when there is no backward pass).
+  // when there is no backward pass: the backward's buffers are then never allocated).
   void load(const T* q, const T* k, const T* v, const T* dout);
   void set_observer(RingObserver<T>* obs) { obs_ = obs; }
   const core::RingPlan& plan() const { return plan_; }
@@ -99,6 +99,7 @@ class RingAttention {
   core::Packing packing(int owner) const;  // a K/V block of `owner`
   Index block_elems(int owner) const { return 2 * packing(owner).kv_elems(); }
   core::KVBlock<T> view(int owner, const T* kv) const;
+  void allocate_backward();  // once, on first use
 
   const comm::Comm& comm_;
   RingSetup s_;
@@ -115,6 +116,7 @@ class RingAttention {
   core::AlignedVector<T> grad_send_[2], grad_recv_[2];
   core::Workspace<T> ws_;
   core::Ledger ledger_;
+  bool backward_ready_ = false;
 };
 
 }  // namespace ringattn::runtime
