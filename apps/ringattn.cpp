@@ -1,6 +1,7 @@
 // ringattn: exact ring attention over MPI ranks. Thin: parse into a config, call the library,
 // print, return the exit code (0 ok, 1 check failed, 2 bad input or usage, 3 runtime failure).
 #include <fmt/format.h>
+#include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 
 #include <cstdio>
@@ -52,6 +53,7 @@ int main(int argc, char** argv) {
     world.emplace(comm::Comm::world());
   }
   const int rank = world ? world->rank() : 0;
+  spdlog::set_default_logger(spdlog::stderr_color_mt("ringattn"));  // logs never mix with tables on stdout
   spdlog::set_pattern(fmt::format("[%H:%M:%S.%e] [r{}] [%l] %v", rank));
   spdlog::set_level(rank == 0 ? spdlog::level::info : spdlog::level::warn);
   try {

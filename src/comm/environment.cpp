@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <climits>
+#include <cstdio>
 #include <cstring>
 
 #include "ringattn/comm/comm.hpp"
@@ -166,7 +167,10 @@ double Exchange::wait(double timeout_s, core::FunctionRef<std::string()> describ
   // Watchdog: poll, and end the job if a peer never answers.
   while (!test()) {
     if (MPI_Wtime() - t0 > timeout_s) {
-      spdlog::error("timeout: {} did not complete within --timeout {} s; aborting the job", describe(), timeout_s);
+      // stderr, like every other error line, and before MPI_Abort's own report.
+      std::fprintf(stderr, "ringattn: error: timeout: %s did not complete within --timeout %g s; aborting the job\n",
+                   describe().c_str(), timeout_s);
+      std::fflush(stderr);
       abort_job(kExitRuntime);
     }
   }

@@ -463,9 +463,14 @@ void write_as(int fd, const std::string& path, std::size_t data_offset, Index fi
   }
 }
 
+// O_NONBLOCK: opening a FIFO for reading would otherwise wait for a writer forever; it changes
+// nothing for regular files, and anything else is refused here, on every read path.
 Fd open_for_read(const std::string& path) {
-  Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK));
   if (!fd.ok()) bad_input(path, fmt::format("cannot open: {}", errno_text(errno)), "a readable .npy file");
+  struct stat st {};
+  if (::fstat(fd.get(), &st) != 0) bad_input(path, fmt::format("cannot stat: {}", errno_text(errno)), "a readable .npy file");
+  if (!S_ISREG(st.st_mode)) bad_input(path, "not a regular file", "a .npy file");
   return fd;
 }
 

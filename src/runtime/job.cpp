@@ -2,13 +2,18 @@
 
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
+#include <fcntl.h>
+#include <signal.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cerrno>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <limits>
@@ -104,6 +109,16 @@ void shape_from_files(const JobConfig& c, Plan& p) {
       throw InputError(fmt::format("{}: shape {} does not match q.npy {} (expected {})", path,
                                    shape_str(p.headers[t].shape), shape_str(q), shape_str(want)));
   }
+  // The files decide the shape: say which file is wrong, not which option.
+  const std::string qpath = path_in(c.inputs, "q.npy"), kpath = path_in(c.inputs, "k.npy");
+  for (std::size_t t = 0; t < p.headers.size(); ++t)
+    for (Index d : p.headers[t].shape)
+      if (d < 1)
+        throw InputError(fmt::format("{}: shape {} has a zero dimension (expected B, S, heads, D >= 1)",
+                                     path_in(c.inputs, names[t]), shape_str(p.headers[t].shape)));
+  if (p.shape.H % p.shape.HKV != 0)
+    throw InputError(fmt::format("{}: q.npy has H={} heads, not a multiple of k.npy's HKV={} (expected H % HKV == 0)",
+                                 kpath, p.shape.H, p.shape.HKV));
   auto agree_opt = [](const std::optional<Index>& given, Index file, const char* opt) {
     if (given && *given != file)
       throw InputError(fmt::format("{} {} contradicts the input files, which give {}", opt, *given, file));
@@ -116,6 +131,32 @@ void shape_from_files(const JobConfig& c, Plan& p) {
   if (!c.dtype.empty() && c.dtype != core::dtype_name(p.dtype))
     throw InputError(fmt::format("--dtype {} contradicts the input files, which are {}", c.dtype,
                                  core::dtype_name(p.dtype)));
+}
+
+// Refuse a job whose per-rank memory cannot fit on this node, before allocating anything.
+// Estimate per rank (element size p, L the largest shard): layout tables 20 S bytes; input
+// shards, the ring's buffers and outputs ~ p B (L (4 H D + 6 HKV D + 4 H) + 8 Lmax HKV D); with
+// --check the global float64 inputs and the reference's outputs ~ 8 B S (4 H D + 4 HKV D + H).
+void check_memory(const JobConfig& c, const Plan& p, int N) {
+  const Shape& s = p.shape;
+  const double es = double(core::dtype_size(p.dtype));
+  double Lmax = std::ceil(double(s.S) / N);
+  for (Index n : c.partition) Lmax = std::max(Lmax, double(n));
+  const double B = double(s.B), H = double(s.H), HKV = double(s.HKV), D = double(s.D), S = double(s.S);
+  double bytes = 20.0 * S + es * B * (Lmax * (4 * H * D + 6 * HKV * D + 4 * H) + 8 * Lmax * HKV * D);
+  if (c.check) bytes += 8.0 * B * S * (4 * H * D + 4 * HKV * D + H);
+  double local_ranks = 1;
+  if (const char* v = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE")) local_ranks = std::max(1, std::atoi(v));
+  double limit = double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGESIZE)) / local_ranks;
+  rlimit rl{};
+  if (getrlimit(RLIMIT_AS, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY) limit = std::min(limit, double(rl.rlim_cur));
+  if (bytes > limit) {
+    const std::string what = !c.inputs.empty() ? path_in(c.inputs, "q.npy") : fmt::format("--seq {}", s.S);
+    throw InputError(fmt::format("{}: {} ({}) needs about {:.1f} GiB per rank, more than the {:.1f} GiB available to "
+                                 "each of this node's {} ranks (expected a smaller shape or more ranks{})",
+                                 what, s.str(), core::dtype_name(p.dtype), bytes / 1073741824.0, limit / 1073741824.0,
+                                 local_ranks, c.check ? ", or no --check" : ""));
+  }
 }
 
 Plan make_plan(const comm::Comm& comm, const JobConfig& c) {
@@ -132,11 +173,8 @@ Plan make_plan(const comm::Comm& comm, const JobConfig& c) {
   }
   p.shape.validate();
   const Shape& s = p.shape;
-  // Refuse sizes whose shards cannot be held, before allocating anything.
-  const double per_rank = double(s.B) * double(s.S) / comm.size() * double(2 * s.H + s.HKV) * s.D * 8.0;
-  if (double(s.B) * s.S * s.H * s.D > 9e15 || per_rank > 1e15)
-    throw InputError(fmt::format("shape {} is too large to hold", s.str()));
   const core::LayoutKind kind = core::parse_layout_kind(c.layout);
+  check_memory(c, p, comm.size());
   if (!c.partition.empty()) {
     if (kind != core::LayoutKind::contiguous)
       throw InputError(fmt::format("--partition: only applies to --layout contiguous, not {}", c.layout));
@@ -289,54 +327,123 @@ io::CheckReport run_check(const comm::Comm& comm, const JobConfig& c, const Plan
   return cr;
 }
 
+// While partial outputs exist, a signal that ends the job removes them: when a rank dies Open
+// MPI sends SIGTERM to the others, and a killed job must leave nothing that looks complete.
+// The handler only calls unlink and _exit (async-signal-safe) on paths stored beforehand.
+namespace partials {
+constexpr int kMax = 16;
+char paths[kMax][4096];
+volatile sig_atomic_t count = 0;
+struct sigaction previous[3];
+constexpr int kSignals[3] = {SIGTERM, SIGINT, SIGHUP};
+
+extern "C" void on_signal(int sig) {
+  for (int i = 0; i < count; ++i) ::unlink(paths[i]);
+  ::_exit(128 + sig);
+}
+
+void arm(const std::vector<std::string>& files) {
+  count = 0;
+  for (const std::string& f : files) {
+    if (count == kMax || f.size() >= sizeof(paths[0])) break;
+    std::memcpy(paths[count], f.c_str(), f.size() + 1);
+    count = count + 1;
+  }
+  struct sigaction sa {};
+  sa.sa_handler = on_signal;
+  sigemptyset(&sa.sa_mask);
+  for (int k = 0; k < 3; ++k) sigaction(kSignals[k], &sa, &previous[k]);
+}
+
+void disarm() {
+  count = 0;
+  for (int k = 0; k < 3; ++k) sigaction(kSignals[k], &previous[k], nullptr);
+}
+}  // namespace partials
+
 // Outputs (and generated inputs) are written under temporary names by every rank at its own
-// positions, and renamed by rank 0 only when every file of every rank is complete.
+// positions; commit() renames them on rank 0 only once everything else has succeeded, and
+// discard() removes them on every rank.
 template <class T>
-void write_outputs(const comm::Comm& comm, const JobConfig& c, const Plan& p, const Shard<T>& in,
-                   const Outputs<T>& out) {
-  const Shape& s = p.shape;
-  const int r = comm.rank();
+class StagedOutputs {
+ public:
+  StagedOutputs(const comm::Comm& comm, const JobConfig& c, const Plan& p) : comm_(comm), c_(c), p_(p) {}
+  ~StagedOutputs() {
+    if (staged_) discard();
+  }
+
+  void stage(const Shard<T>& in, const Outputs<T>& out) {
+    const Shape& s = p_.shape;
+    const int r = comm_.rank();
+    files_ = {{"o", {s.B, s.S, s.H, s.D}, 1, &out.o}, {"lse", {s.B, s.H, s.S}, 2, &out.lse}};
+    if (c_.backward) {
+      files_.push_back({"dq", {s.B, s.S, s.H, s.D}, 1, &out.dq});
+      files_.push_back({"dk", {s.B, s.S, s.HKV, s.D}, 1, &out.dk});
+      files_.push_back({"dv", {s.B, s.S, s.HKV, s.D}, 1, &out.dv});
+    }
+    if (c_.inputs.empty()) {
+      files_.push_back({"q", {s.B, s.S, s.H, s.D}, 1, &in.q});
+      files_.push_back({"k", {s.B, s.S, s.HKV, s.D}, 1, &in.k});
+      files_.push_back({"v", {s.B, s.S, s.HKV, s.D}, 1, &in.v});
+      files_.push_back({"dout", {s.B, s.S, s.H, s.D}, 1, &in.dout});
+    }
+    std::vector<std::string> tmps;
+    for (const File& f : files_) tmps.push_back(tmp(f));
+    partials::arm(tmps);
+    staged_ = true;
+    agreed_runtime(comm_, [&] {
+      if (r == 0)
+        for (const File& f : files_) io::create_npy(tmp(f), p_.dtype, f.shape);
+    });
+    const auto runs = p_.layout.runs(r);
+    agreed_runtime(comm_, [&] {
+      for (const File& f : files_)
+        io::write_npy_positions<T>(tmp(f), p_.dtype, f.shape, f.pos_axis, runs, p_.layout.size(r), f.data->data());
+    });
+  }
+
+  void commit() {
+    if (!staged_) return;
+    agreed_runtime(comm_, [&] {
+      if (comm_.rank() == 0)
+        for (const File& f : files_) std::filesystem::rename(tmp(f), path_in(c_.out, f.name + ".npy"));
+    });
+    staged_ = false;
+    partials::disarm();
+  }
+
+  void discard() {
+    for (const File& f : files_) std::remove(tmp(f).c_str());  // every rank: whoever gets there first
+    staged_ = false;
+    partials::disarm();
+  }
+
+ private:
   struct File {
     std::string name;
     std::vector<Index> shape;
     int pos_axis;
     const std::vector<T>* data;
   };
-  std::vector<File> files = {{"o", {s.B, s.S, s.H, s.D}, 1, &out.o}, {"lse", {s.B, s.H, s.S}, 2, &out.lse}};
-  if (c.backward) {
-    files.push_back({"dq", {s.B, s.S, s.H, s.D}, 1, &out.dq});
-    files.push_back({"dk", {s.B, s.S, s.HKV, s.D}, 1, &out.dk});
-    files.push_back({"dv", {s.B, s.S, s.HKV, s.D}, 1, &out.dv});
-  }
-  if (c.inputs.empty()) {
-    files.push_back({"q", {s.B, s.S, s.H, s.D}, 1, &in.q});
-    files.push_back({"k", {s.B, s.S, s.HKV, s.D}, 1, &in.k});
-    files.push_back({"v", {s.B, s.S, s.HKV, s.D}, 1, &in.v});
-    files.push_back({"dout", {s.B, s.S, s.H, s.D}, 1, &in.dout});
-  }
-  auto tmp = [&](const File& f) { return path_in(c.out, "." + f.name + ".npy.partial"); };
-  auto cleanup = [&] {
-    if (r == 0)
-      for (const File& f : files) std::remove(tmp(f).c_str());
-  };
-  try {
-    agreed_runtime(comm, [&] {
-      if (r == 0)
-        for (const File& f : files) io::create_npy(tmp(f), p.dtype, f.shape);
-    });
-    const auto runs = p.layout.runs(r);
-    agreed_runtime(comm, [&] {
-      for (const File& f : files)
-        io::write_npy_positions<T>(tmp(f), p.dtype, f.shape, f.pos_axis, runs, p.layout.size(r), f.data->data());
-    });
-    agreed_runtime(comm, [&] {
-      if (r == 0)
-        for (const File& f : files) std::filesystem::rename(tmp(f), path_in(c.out, f.name + ".npy"));
-    });
-  } catch (...) {
-    cleanup();
-    throw;
-  }
+  std::string tmp(const File& f) const { return path_in(c_.out, "." + f.name + ".npy.partial"); }
+
+  const comm::Comm& comm_;
+  const JobConfig& c_;
+  const Plan& p_;
+  std::vector<File> files_;
+  bool staged_ = false;
+};
+
+// Root passes access(W_OK) even where nothing can be created (/proc, read-only mounts): create
+// and remove a probe file instead.
+void probe_writable(const std::string& dir, const std::string& what) {
+  const std::string probe = path_in(dir, fmt::format(".ringattn-probe-{}", ::getpid()));
+  const int fd = ::open(probe.c_str(), O_CREAT | O_EXCL | O_WRONLY | O_CLOEXEC, 0600);
+  if (fd < 0)
+    throw InputError(fmt::format("{}: cannot create files in {}: {} (expected a writable directory)", what, dir,
+                                 std::strerror(errno)));
+  ::close(fd);
+  ::unlink(probe.c_str());
 }
 
 void ensure_out_dir(const comm::Comm& comm, const std::string& dir) {
@@ -345,8 +452,14 @@ void ensure_out_dir(const comm::Comm& comm, const std::string& dir) {
     std::error_code ec;
     if (!std::filesystem::exists(dir, ec)) std::filesystem::create_directory(dir, ec);
     if (ec || !std::filesystem::is_directory(dir))
-      throw InputError(fmt::format("--out {}: is not a directory and cannot be created", dir));
-    if (::access(dir.c_str(), W_OK) != 0) throw InputError(fmt::format("--out {}: directory is not writable", dir));
+      throw InputError(fmt::format("--out {}: is not a directory and cannot be created (expected a writable "
+                                   "directory)", dir));
+    probe_writable(dir, "--out " + dir);
+    // Temporary files of an earlier job that was killed outright (SIGKILL leaves them behind).
+    for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
+      const std::string name = e.path().filename().string();
+      if (name.size() > 9 && name[0] == '.' && name.ends_with(".npy.partial")) std::filesystem::remove(e.path(), ec);
+    }
   });
 }
 
@@ -355,8 +468,9 @@ void check_writable_file(const comm::Comm& comm, const std::string& path, const 
     if (comm.rank() != 0 || path.empty()) return;
     const auto parent = std::filesystem::path(path).parent_path();
     const std::string dir = parent.empty() ? "." : parent.string();
-    if (!std::filesystem::is_directory(dir) || ::access(dir.c_str(), W_OK) != 0)
-      throw InputError(fmt::format("{} {}: directory {} does not exist or is not writable", opt, path, dir));
+    if (!std::filesystem::is_directory(dir))
+      throw InputError(fmt::format("{} {}: directory {} does not exist (expected a writable directory)", opt, path, dir));
+    probe_writable(dir, fmt::format("{} {}", opt, path));
   });
 }
 
@@ -598,7 +712,9 @@ int run_typed(const comm::Comm& comm, const JobConfig& c, const Plan& p) {
     }
   }
 
-  if (!c.out.empty()) write_outputs(comm, c, p, in, out);
+  // Outputs become visible last, only when the trace and the report were written too.
+  StagedOutputs<T> staged(comm, c, p);
+  if (!c.out.empty()) staged.stage(in, out);
   if (!c.trace.empty()) {
     std::vector<StepRecord> steps = pf.steps;
     steps.insert(steps.end(), pb.steps.begin(), pb.steps.end());
@@ -608,6 +724,7 @@ int run_typed(const comm::Comm& comm, const JobConfig& c, const Plan& p) {
     agreed_runtime(comm, [&] {
       if (r == 0) io::write_text_atomically(c.report, io::to_json(rep).dump(2) + "\n");
     });
+  staged.commit();
   if (r == 0) print_summary(c, p, rep);
   return rep.check && !rep.check->passed ? kExitCheckFailed : kExitOk;
 }

@@ -130,8 +130,8 @@ PassStats RingAttention<T>::forward() {
       if (obs_) obs_->forward_block(j, owner, pq_, m_.data(), l_.data(), acc_.data());
     }
     rec.wait_s = kvx.wait(s_.timeout_s, [&] {
-      return fmt::format("rank {} forward step {}/{}: the K/V block of rank {} from rank {}", r_, j + 2,
-                         plan_.steps(), plan_.owner(r_, j + 1), comm_.prev());
+      return fmt::format("rank {} forward step {} (of 0..{}): the K/V block of rank {} from rank {}", r_, j + 1,
+                         plan_.steps() - 1, plan_.owner(r_, j + 1), comm_.prev());
     });
     if (plan_.receives(r_, j + 1)) cur = kv_buf_[j % 2].data();
     ps.compute_s += rec.compute_s;
@@ -164,8 +164,8 @@ PassStats RingAttention<T>::backward() {
   auto finish_grads = [&](int step) {  // the owner sums contributions in step order
     const int slot = step % 2;
     const double w = gx[slot]->wait(s_.timeout_s, [&] {
-      return fmt::format("rank {} backward step {}/{}: gradient return to rank {} / from rank {}", r_, step + 1,
-                         plan_.steps(), plan_.owner(r_, step), (r_ + step) % N_);
+      return fmt::format("rank {} backward step {} (of 0..{}): gradient return to rank {} / from rank {}", r_, step,
+                         plan_.steps() - 1, plan_.owner(r_, step), (r_ + step) % N_);
     });
     if (pending[slot]) {
       pending[slot] = false;
@@ -224,8 +224,8 @@ PassStats RingAttention<T>::backward() {
       }
     }
     rec.wait_s = kvx.wait(s_.timeout_s, [&] {
-      return fmt::format("rank {} backward step {}/{}: the K/V block of rank {} from rank {}", r_, j + 2,
-                         plan_.steps(), plan_.owner(r_, j + 1), comm_.prev());
+      return fmt::format("rank {} backward step {} (of 0..{}): the K/V block of rank {} from rank {}", r_, j + 1,
+                         plan_.steps() - 1, plan_.owner(r_, j + 1), comm_.prev());
     });
     if (j >= 2) rec.wait_s += finish_grads(j - 1);
     if (plan_.receives(r_, j + 1)) cur = kv_buf_[j % 2].data();
