@@ -4,6 +4,33 @@
 
 namespace ringattn::io {
 
+std::vector<double> to_row(const RankReport& r) {
+  const core::Ledger& l = r.ledger;
+  return {double(r.positions),       double(l.fwd_kv_send_elems),    double(l.fwd_kv_recv_elems),
+          double(l.replay_kv_send_elems), double(l.replay_kv_recv_elems), double(l.grad_send_elems),
+          double(l.grad_recv_elems),     double(l.resident_qkv_elems),   double(l.remote_block_elems),
+          double(l.online_state_elems),  r.forward_s,                    r.backward_s,
+          r.compute_s,                   r.wait_s,                       double(r.work.tile_pairs),
+          r.work.flops,                  double(r.budget_bytes),         double(r.peak_rss_bytes)};
+}
+
+RankReport from_row(const double* x, int rank) {
+  using core::Index;
+  RankReport r;
+  r.rank = rank;
+  r.positions = Index(x[0]);
+  r.ledger = core::Ledger{Index(x[1]), Index(x[2]), Index(x[3]), Index(x[4]), Index(x[5]),
+                          Index(x[6]), Index(x[7]), Index(x[8]), Index(x[9])};
+  r.forward_s = x[10];
+  r.backward_s = x[11];
+  r.compute_s = x[12];
+  r.wait_s = x[13];
+  r.work = core::Work{Index(x[14]), x[15]};
+  r.budget_bytes = Index(x[16]);
+  r.peak_rss_bytes = Index(x[17]);
+  return r;
+}
+
 Json to_json(const Report& r) {
   Json j = Json::object();
   j["config"] = r.config;

@@ -680,37 +680,14 @@ int run_typed(const comm::Comm& comm, const JobConfig& c, const Plan& p) {
   rep.elem_size = sizeof(T);
   if (c.check) rep.check = run_check(comm, c, p, out);
 
-  // Per-rank figures travel to rank 0 as doubles (integers below 2^53 are exact).
-  const core::Ledger& lg = ring.ledger();
+  // Per-rank figures travel to rank 0 in one gather.
   core::Work work = pf.work;
   work += pb.work;
-  const std::vector<double> mine = {double(L), double(lg.fwd_kv_send_elems), double(lg.fwd_kv_recv_elems),
-                                    double(lg.replay_kv_send_elems), double(lg.replay_kv_recv_elems),
-                                    double(lg.grad_send_elems), double(lg.grad_recv_elems),
-                                    double(lg.resident_qkv_elems), double(lg.remote_block_elems),
-                                    double(lg.online_state_elems), median(fwd), median(bwd), median(comp),
-                                    median(wait), double(work.tile_pairs), work.flops, double(ring.resident_bytes()),
-                                    double(peak_rss_bytes())};
-  const std::vector<double> all = comm.gather(mine);
-  if (r == 0) {
-    const std::size_t k = mine.size();
-    for (int q = 0; q < N; ++q) {
-      const double* x = &all[q * k];
-      io::RankReport rr;
-      rr.rank = q;
-      rr.positions = Index(x[0]);
-      rr.ledger = core::Ledger{Index(x[1]), Index(x[2]), Index(x[3]), Index(x[4]), Index(x[5]),
-                               Index(x[6]), Index(x[7]), Index(x[8]), Index(x[9])};
-      rr.forward_s = x[10];
-      rr.backward_s = x[11];
-      rr.compute_s = x[12];
-      rr.wait_s = x[13];
-      rr.work = core::Work{Index(x[14]), x[15]};
-      rr.budget_bytes = Index(x[16]);
-      rr.peak_rss_bytes = Index(x[17]);
-      rep.ranks.push_back(rr);
-    }
-  }
+  io::RankReport mine{r,           L,           ring.ledger(), median(fwd),           median(bwd),
+                      median(comp), median(wait), work,          ring.resident_bytes(), peak_rss_bytes()};
+  const std::vector<double> all = comm.gather(io::to_row(mine));
+  if (r == 0)
+    for (int q = 0; q < N; ++q) rep.ranks.push_back(io::from_row(&all[q * io::kRankReportFields], q));
 
   // Outputs become visible last, only when the trace and the report were written too.
   StagedOutputs<T> staged(comm, c, p);

@@ -370,16 +370,12 @@ LabResult run_lab(const comm::Comm& comm, const LabConfig& cfg) {
   }
   order_events(res.events);
 
-  const core::Ledger& lg = ring.ledger();
   core::Work work = pf.work;
   work += pb.work;
-  const std::vector<double> figures = {double(L), double(lg.fwd_kv_send_elems), double(lg.fwd_kv_recv_elems),
-                                       double(lg.replay_kv_send_elems), double(lg.replay_kv_recv_elems),
-                                       double(lg.grad_send_elems), double(lg.grad_recv_elems),
-                                       double(lg.resident_qkv_elems), double(lg.remote_block_elems),
-                                       double(lg.online_state_elems), pf.total_s, pb.total_s,
-                                       pf.compute_s + pb.compute_s, pf.wait_s + pb.wait_s, double(work.tile_pairs),
-                                       work.flops, double(ring.resident_bytes()), double(peak_rss_bytes())};
+  const io::RankReport mine_report{rank,        L,        ring.ledger(), pf.total_s,           pb.total_s,
+                                   pf.compute_s + pb.compute_s, pf.wait_s + pb.wait_s, work, ring.resident_bytes(),
+                                   peak_rss_bytes()};
+  const std::vector<double> figures = io::to_row(mine_report);
   const auto all = all_gather(comm, figures);
 
   // The dense float64 reference, on every rank (five positions: nothing to save by splitting it).
@@ -404,19 +400,7 @@ LabResult run_lab(const comm::Comm& comm, const LabConfig& cfg) {
               ck.dv <= ck.tolerance;  // NaN never passes
   rep.check = ck;
   for (int q = 0; q < N; ++q) {
-    const double* x = all[q].data();
-    io::RankReport rr;
-    rr.rank = q;
-    rr.positions = Index(x[0]);
-    rr.ledger = core::Ledger{Index(x[1]), Index(x[2]), Index(x[3]), Index(x[4]), Index(x[5]),
-                             Index(x[6]), Index(x[7]), Index(x[8]), Index(x[9])};
-    rr.forward_s = x[10];
-    rr.backward_s = x[11];
-    rr.compute_s = x[12];
-    rr.wait_s = x[13];
-    rr.work = core::Work{Index(x[14]), x[15]};
-    rr.budget_bytes = Index(x[16]);
-    rr.peak_rss_bytes = Index(x[17]);
+    const io::RankReport rr = io::from_row(all[q].data(), q);
     rep.forward_s = std::max(rep.forward_s, rr.forward_s);
     rep.backward_s = std::max(rep.backward_s, rr.backward_s);
     rep.ranks.push_back(rr);

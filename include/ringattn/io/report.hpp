@@ -37,4 +37,10 @@ struct Report {
 
 Json to_json(const Report& r);
 
+// A RankReport as a fixed-length row of doubles (integers below 2^53 are exact), so the ranks'
+// figures travel to rank 0 in one gather.
+inline constexpr std::size_t kRankReportFields = 18;
+std::vector<double> to_row(const RankReport& r);
+RankReport from_row(const double* row, int rank);
+
 }  // namespace ringattn::io
