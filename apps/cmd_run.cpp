@@ -4,17 +4,18 @@
 #include "commands.hpp"
 #include "ringattn/core/errors.hpp"
 #include "ringattn/runtime/job.hpp"
+#include "ringattn/runtime/layer.hpp"
 
 namespace ringattn::app {
 
 Command add_run_command(CLI::App& parent) {
   auto cfg = std::make_shared<runtime::JobConfig>();
-  struct Later {
-    double rope = 0;
-    bool layer = false;
-    long model_dim = 0;
+  struct LayerOptions {
+    bool on = false;
+    std::optional<runtime::Index> model_dim;
+    bool average_weight_grads = false, rope_local_positions = false;  // test hooks
   };
-  auto later = std::make_shared<Later>();
+  auto layer = std::make_shared<LayerOptions>();
   runtime::JobConfig& c = *cfg;
   CLI::App* run = parent.add_subcommand("run", "ring attention forward and backward over the MPI ranks");
   run->add_option("--seq", c.seq, "total positions S (default 1024)");
@@ -44,20 +45,30 @@ Command add_run_command(CLI::App& parent) {
                   "skip-empty: every block, no all-zero gradient returns");
   run->add_option("--tile-q", c.tiling.q_rows, "query rows per tile (default 128)");
   run->add_option("--tile-k", c.tiling.k_cols, "keys per tile (default 256)");
-  run->add_option("--rope", later->rope, "rotary embedding base THETA (not yet supported)");
-  run->add_flag("--layer", later->layer, "a whole attention layer (not yet supported)");
-  run->add_option("--model-dim", later->model_dim, "model dim M for --layer (not yet supported)");
+  run->add_option("--rope", c.rope, "RoPE (rotate-half) on q and k at global positions, base THETA; D even");
+  run->add_flag("--layer", layer->on,
+                "a whole layer: x wq wk wv wo dy -> y dx dwq dwk dwv dwo (weight gradients summed over ranks)");
+  run->add_option("--model-dim", layer->model_dim, "model dim M for --layer (required unless --inputs gives it)");
+  run->add_flag("--debug-average-weight-grads", layer->average_weight_grads,
+                "test hook: average the weight gradients over ranks (wrong)")
+      ->group("");
+  run->add_flag("--debug-rope-local-positions", layer->rope_local_positions,
+                "test hook: RoPE at local indices in --layer (wrong)")
+      ->group("");
   run->add_option("--debug-drop-grad-step", c.drop_grad_step, "test hook: ignore one returned gradient")
       ->group("");  // hidden
   run->add_option("--debug-stall-rank", c.stall_rank, "test hook: this rank stalls before its first send")->group("");
   run->add_option("--debug-stall-seconds", c.stall_s, "test hook: how long it stalls")->group("");
   Command cmd;
   cmd.cli = run;
-  cmd.run = [cfg, later, run](const comm::Comm* comm) {
+  cmd.run = [cfg, layer, run](const comm::Comm* comm) {
     if (run->count("--window") && cfg->window < 1)
       throw InputError(fmt::format("--window: {} is not a window (expected W >= 1)", cfg->window));
-    if (run->count("--rope") || later->layer || run->count("--model-dim"))
-      throw InputError("--rope, --layer and --model-dim are not yet supported");
+    if (layer->on)
+      return runtime::run_layer_job(*comm, runtime::LayerConfig{*cfg, layer->model_dim, cfg->rope,
+                                                                layer->average_weight_grads,
+                                                                layer->rope_local_positions});
+    if (run->count("--model-dim")) throw InputError("--model-dim: only applies with --layer");
     return runtime::run_job(*comm, *cfg);
   };
   return cmd;

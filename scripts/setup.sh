@@ -9,6 +9,7 @@ packages=(
   libeigen3-dev libspdlog-dev libfmt-dev libcli11-dev
   googletest libgtest-dev libbenchmark-dev
   python3-numpy python3-torch python3-matplotlib   # independent reference, plots
+  libopenblas0-pthread  # Debian's torch calls libblas.so.3: without this it is the slow reference BLAS
   clang-14 libclang-rt-14-dev         # libFuzzer target of the npy reader (tests/fuzz)
   iproute2                            # two-namespace TCP test (scripts/netns_test.sh)
 )

@@ -21,7 +21,9 @@
 #include "ringattn/core/errors.hpp"
 #include "ringattn/core/inputs.hpp"
 #include "ringattn/core/layout.hpp"
+#include "ringattn/core/layer_reference.hpp"
 #include "ringattn/core/reference.hpp"
+#include "ringattn/core/rope.hpp"
 #include "ringattn/io/json.hpp"
 #include "ringattn/io/npy.hpp"
 #include "ringattn/io/report.hpp"
@@ -172,6 +174,7 @@ Plan make_plan(const comm::Comm& comm, const JobConfig& c) {
     else throw InputError(fmt::format("--dtype: unknown dtype '{}' (expected f32 or f64)", c.dtype));
   }
   p.shape.validate();
+  if (c.rope) core::validate_rope(*c.rope, p.shape.D);
   const Shape& s = p.shape;
   const core::LayoutKind kind = core::parse_layout_kind(c.layout);
   check_memory(c, p, comm.size());
@@ -304,7 +307,9 @@ io::CheckReport run_check(const comm::Comm& comm, const JobConfig& c, const Plan
       }
     }
   });
-  const core::DenseResult ref = core::reference_attention(s, p.mask, p.scale, g[0], g[1], g[2], g[3], c.backward);
+  const core::DenseResult ref =
+      c.rope ? core::reference_attention_rope(s, p.mask, p.scale, *c.rope, g[0], g[1], g[2], g[3], c.backward)
+             : core::reference_attention(s, p.mask, p.scale, g[0], g[1], g[2], g[3], c.backward);
   const int r = comm.rank();
   const Index qi = s.H * s.D, ki = s.HKV * s.D;
   std::vector<double> diff = {local_max_diff(out.o, ref.o, s.B, qi, p.layout, r),
@@ -507,6 +512,7 @@ io::Json config_json(const JobConfig& c, const Plan& p, int N) {
   j["tile_k"] = static_cast<std::int64_t>(c.tiling.k_cols);
   j["mask"] = p.mask.describe();
   j["traffic"] = c.traffic;
+  j["rope"] = c.rope ? io::Json(*c.rope) : io::Json();
   return j;
 }
 
@@ -636,7 +642,11 @@ int run_typed(const comm::Comm& comm, const JobConfig& c, const Plan& p) {
   ProgressLine progress(c.warmup + c.iters);
   if (r == 0) setup.on_step = [&progress](int pass, int done, int steps) { progress(pass, done, steps); };
   RingAttention<T> ring(comm, setup);
-  ring.load(in.q.data(), in.k.data(), in.v.data(), c.backward ? in.dout.data() : nullptr);
+  // --rope: the ring attends q and k rotated at their global positions; `in` keeps them as given.
+  std::optional<core::ShardRope<T>> rope;
+  if (c.rope) rope.emplace(*c.rope, p.shape, p.layout.positions(r), in.q.data(), in.k.data());
+  ring.load(rope ? rope->q() : in.q.data(), rope ? rope->k() : in.k.data(), in.v.data(),
+            c.backward ? in.dout.data() : nullptr);
 
   std::vector<double> fwd, bwd, comp, wait, fwd_slow, bwd_slow;
   PassStats pf, pb;
@@ -667,6 +677,7 @@ int run_typed(const comm::Comm& comm, const JobConfig& c, const Plan& p) {
   }
   ring.outputs(out.o.data(), out.lse.data(), c.backward ? out.dq.data() : nullptr,
                c.backward ? out.dk.data() : nullptr, c.backward ? out.dv.data() : nullptr);
+  if (rope && c.backward) rope->backward(out.dq.data(), out.dk.data());  // gradients of q, k as given
 
   double loss = 0;  // sum dout . O, accumulated in double
   for (std::size_t n = 0; n < out.o.size(); ++n) loss += double(in.dout[n]) * double(out.o[n]);

@@ -30,6 +30,7 @@ struct JobConfig {
   double timeout = 0;
   core::Tiling tiling;
   std::string traffic = "aware";  // full | aware | skip-empty (see core::RingPlan)
+  std::optional<double> rope;     // --rope THETA: RoPE on q and k at global positions (D even)
   // Test hooks, see RingSetup.
   int drop_grad_step = -1;
   int stall_rank = -1;
