@@ -366,6 +366,13 @@ void disarm() {
 }
 }  // namespace partials
 
+}  // namespace
+
+void arm_partial_cleanup(const std::vector<std::string>& files) { partials::arm(files); }
+void disarm_partial_cleanup() { partials::disarm(); }
+
+namespace {
+
 // Outputs (and generated inputs) are written under temporary names by every rank at its own
 // positions; commit() renames them on rank 0 only once everything else has succeeded, and
 // discard() removes them on every rank.
@@ -438,46 +445,6 @@ class StagedOutputs {
   std::vector<File> files_;
   bool staged_ = false;
 };
-
-// Root passes access(W_OK) even where nothing can be created (/proc, read-only mounts): create
-// and remove a probe file instead.
-void probe_writable(const std::string& dir, const std::string& what) {
-  const std::string probe = path_in(dir, fmt::format(".ringattn-probe-{}", ::getpid()));
-  const int fd = ::open(probe.c_str(), O_CREAT | O_EXCL | O_WRONLY | O_CLOEXEC, 0600);
-  if (fd < 0)
-    throw InputError(fmt::format("{}: cannot create files in {}: {} (expected a writable directory)", what, dir,
-                                 std::strerror(errno)));
-  ::close(fd);
-  ::unlink(probe.c_str());
-}
-
-void ensure_out_dir(const comm::Comm& comm, const std::string& dir) {
-  agreed(comm, [&] {
-    if (comm.rank() != 0) return;
-    std::error_code ec;
-    if (!std::filesystem::exists(dir, ec)) std::filesystem::create_directory(dir, ec);
-    if (ec || !std::filesystem::is_directory(dir))
-      throw InputError(fmt::format("--out {}: is not a directory and cannot be created (expected a writable "
-                                   "directory)", dir));
-    probe_writable(dir, "--out " + dir);
-    // Temporary files of an earlier job that was killed outright (SIGKILL leaves them behind).
-    for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
-      const std::string name = e.path().filename().string();
-      if (name.size() > 9 && name[0] == '.' && name.ends_with(".npy.partial")) std::filesystem::remove(e.path(), ec);
-    }
-  });
-}
-
-void check_writable_file(const comm::Comm& comm, const std::string& path, const char* opt) {
-  agreed(comm, [&] {
-    if (comm.rank() != 0 || path.empty()) return;
-    const auto parent = std::filesystem::path(path).parent_path();
-    const std::string dir = parent.empty() ? "." : parent.string();
-    if (!std::filesystem::is_directory(dir))
-      throw InputError(fmt::format("{} {}: directory {} does not exist (expected a writable directory)", opt, path, dir));
-    probe_writable(dir, fmt::format("{} {}", opt, path));
-  });
-}
 
 io::Json config_json(const JobConfig& c, const Plan& p, int N) {
   io::Json j = io::Json::object();
@@ -718,6 +685,46 @@ int run_typed(const comm::Comm& comm, const JobConfig& c, const Plan& p) {
 }
 
 }  // namespace
+
+// Root passes access(W_OK) even where nothing can be created (/proc, read-only mounts): create
+// and remove a probe file instead.
+static void probe_writable(const std::string& dir, const std::string& what) {
+  const std::string probe = path_in(dir, fmt::format(".ringattn-probe-{}", ::getpid()));
+  const int fd = ::open(probe.c_str(), O_CREAT | O_EXCL | O_WRONLY | O_CLOEXEC, 0600);
+  if (fd < 0)
+    throw InputError(fmt::format("{}: cannot create files in {}: {} (expected a writable directory)", what, dir,
+                                 std::strerror(errno)));
+  ::close(fd);
+  ::unlink(probe.c_str());
+}
+
+void ensure_out_dir(const comm::Comm& comm, const std::string& dir) {
+  agreed(comm, [&] {
+    if (comm.rank() != 0) return;
+    std::error_code ec;
+    if (!std::filesystem::exists(dir, ec)) std::filesystem::create_directory(dir, ec);
+    if (ec || !std::filesystem::is_directory(dir))
+      throw InputError(fmt::format("--out {}: is not a directory and cannot be created (expected a writable "
+                                   "directory)", dir));
+    probe_writable(dir, "--out " + dir);
+    // Temporary files of an earlier job that was killed outright (SIGKILL leaves them behind).
+    for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
+      const std::string name = e.path().filename().string();
+      if (name.size() > 9 && name[0] == '.' && name.ends_with(".npy.partial")) std::filesystem::remove(e.path(), ec);
+    }
+  });
+}
+
+void check_writable_file(const comm::Comm& comm, const std::string& path, const char* opt) {
+  agreed(comm, [&] {
+    if (comm.rank() != 0 || path.empty()) return;
+    const auto parent = std::filesystem::path(path).parent_path();
+    const std::string dir = parent.empty() ? "." : parent.string();
+    if (!std::filesystem::is_directory(dir))
+      throw InputError(fmt::format("{} {}: directory {} does not exist (expected a writable directory)", opt, path, dir));
+    probe_writable(dir, fmt::format("{} {}", opt, path));
+  });
+}
 
 int run_job(const comm::Comm& comm, const JobConfig& c) {
   if (c.iters < 1) throw InputError(fmt::format("--iters: {} is not >= 1", c.iters));

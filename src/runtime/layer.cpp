@@ -559,6 +559,9 @@ void write_outputs(const comm::Comm& comm, const LayerConfig& lc, const LayerPla
   if (c.inputs.empty())
     for (int f = 0; f < kFiles; ++f) files.push_back({kFileNames[f], p.file_shape(f), LayerPlan::positional(f), in.t[f]});
   auto tmp = [&](const File& f) { return path_in(c.out, "." + f.name + ".npy.partial"); };
+  std::vector<std::string> tmps;
+  for (const File& f : files) tmps.push_back(tmp(f));
+  arm_partial_cleanup(tmps);
   try {
     agreed_runtime(comm, [&] {
       if (r != 0) return;
@@ -578,31 +581,11 @@ void write_outputs(const comm::Comm& comm, const LayerConfig& lc, const LayerPla
         for (const File& f : files) std::filesystem::rename(tmp(f), path_in(c.out, f.name + ".npy"));
     });
   } catch (...) {
-    if (r == 0)
-      for (const File& f : files) std::remove(tmp(f).c_str());
+    for (const File& f : files) std::remove(tmp(f).c_str());  // every rank: whoever gets there first
+    disarm_partial_cleanup();
     throw;
   }
-}
-
-void ensure_out_dir(const comm::Comm& comm, const std::string& dir) {
-  agreed(comm, [&] {
-    if (comm.rank() != 0) return;
-    std::error_code ec;
-    if (!std::filesystem::exists(dir, ec)) std::filesystem::create_directory(dir, ec);
-    if (ec || !std::filesystem::is_directory(dir))
-      throw InputError(fmt::format("--out {}: is not a directory and cannot be created", dir));
-    if (::access(dir.c_str(), W_OK) != 0) throw InputError(fmt::format("--out {}: directory is not writable", dir));
-  });
-}
-
-void check_writable_file(const comm::Comm& comm, const std::string& path, const char* opt) {
-  agreed(comm, [&] {
-    if (comm.rank() != 0 || path.empty()) return;
-    const auto parent = std::filesystem::path(path).parent_path();
-    const std::string dir = parent.empty() ? "." : parent.string();
-    if (!std::filesystem::is_directory(dir) || ::access(dir.c_str(), W_OK) != 0)
-      throw InputError(fmt::format("{} {}: directory {} does not exist or is not writable", opt, path, dir));
-  });
+  disarm_partial_cleanup();
 }
 
 io::Json config_json(const LayerConfig& lc, const LayerPlan& p, int N) {

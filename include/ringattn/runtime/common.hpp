@@ -39,6 +39,18 @@ void agreed_runtime(const comm::Comm& comm, Fn&& fn) {
 // High-water mark of this process's resident memory in bytes.
 core::Index peak_rss_bytes();
 
+// --out DIR exists (or is created) and files can really be created in it (root passes
+// access(W_OK) even in /proc); stale partial outputs of a killed job are removed. Rank 0 checks,
+// every rank agrees.
+void ensure_out_dir(const comm::Comm& comm, const std::string& dir);
+// The directory of `path` (for --report, --trace) exists and files can be created in it.
+void check_writable_file(const comm::Comm& comm, const std::string& path, const char* opt);
+
+// While partial output files exist, SIGTERM/SIGINT/SIGHUP (what Open MPI sends the surviving
+// ranks when one dies) remove them before the process ends. disarm once they are renamed or removed.
+void arm_partial_cleanup(const std::vector<std::string>& files);
+void disarm_partial_cleanup();
+
 inline double median(std::vector<double> v) {
   if (v.empty()) return 0;
   std::sort(v.begin(), v.end());
