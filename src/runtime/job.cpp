@@ -34,6 +34,41 @@ namespace ringattn::runtime {
 
 double check_tolerance(core::DType t) { return t == core::DType::f32 ? 3e-4 : 1e-10; }
 
+void shape_from_options(const JobConfig& c, core::Shape& shape, core::DType& dtype) {
+  shape = core::Shape{c.batch.value_or(kDefaultBatch), c.seq.value_or(kDefaultSeq), c.heads.value_or(kDefaultHeads), 0,
+                c.head_dim.value_or(kDefaultHeadDim)};
+  shape.HKV = c.kv_heads.value_or(shape.H);
+  if (c.dtype.empty() || c.dtype == "f32") dtype = core::DType::f32;
+  else if (c.dtype == "f64") dtype = core::DType::f64;
+  else throw InputError(fmt::format("--dtype: unknown dtype '{}' (expected f32 or f64)", c.dtype));
+}
+
+RingOptions ring_options(const JobConfig& c, const core::Shape& s, int N) {
+  RingOptions o;
+  const core::LayoutKind kind = core::parse_layout_kind(c.layout);
+  if (!c.partition.empty()) {
+    if (kind != core::LayoutKind::contiguous)
+      throw InputError(fmt::format("--partition: only applies to --layout contiguous, not {}", c.layout));
+    if (static_cast<int>(c.partition.size()) != N)
+      throw InputError(
+          fmt::format("--partition: has {} sizes for {} ranks (expected one per rank)", c.partition.size(), N));
+    Index sum = 0;
+    for (Index n : c.partition) sum += n;
+    if (sum != s.S && std::all_of(c.partition.begin(), c.partition.end(), [](Index n) { return n >= 0; }))
+      throw InputError(fmt::format("--partition: sizes sum to {} but S is {} (expected sum == S)", sum, s.S));
+  }
+  o.layout = core::Layout::make(kind, s.S, N, c.partition);
+  if (c.window < 0) throw InputError(fmt::format("--window: {} is negative (expected W >= 1)", c.window));
+  o.mask = core::Mask::make(s.S, c.causal, c.window, c.doc_lens);
+  if (c.traffic == "aware") o.traffic = core::Traffic::aware;
+  else if (c.traffic == "full") o.traffic = core::Traffic::full;
+  else if (c.traffic == "skip-empty") o.traffic = core::Traffic::skip_empty_grads;
+  else throw InputError(fmt::format("--traffic: unknown plan '{}' (expected full, aware or skip-empty)", c.traffic));
+  o.scale = c.scale ? *c.scale : 1.0 / std::sqrt(double(s.D));
+  if (!std::isfinite(o.scale)) throw InputError("--scale: must be finite");
+  return o;
+}
+
 Index peak_rss_bytes() {
   rusage ru{};
   getrusage(RUSAGE_SELF, &ru);
@@ -166,38 +201,17 @@ Plan make_plan(const comm::Comm& comm, const JobConfig& c) {
   if (!c.inputs.empty()) {
     shape_from_files(c, p);
   } else {
-    p.shape = Shape{c.batch.value_or(kDefaultBatch), c.seq.value_or(kDefaultSeq), c.heads.value_or(kDefaultHeads), 0,
-                    c.head_dim.value_or(kDefaultHeadDim)};
-    p.shape.HKV = c.kv_heads.value_or(p.shape.H);
-    if (c.dtype.empty() || c.dtype == "f32") p.dtype = DType::f32;
-    else if (c.dtype == "f64") p.dtype = DType::f64;
-    else throw InputError(fmt::format("--dtype: unknown dtype '{}' (expected f32 or f64)", c.dtype));
+    shape_from_options(c, p.shape, p.dtype);
   }
   p.shape.validate();
   if (c.rope) core::validate_rope(*c.rope, p.shape.D);
   const Shape& s = p.shape;
-  const core::LayoutKind kind = core::parse_layout_kind(c.layout);
   check_memory(c, p, comm.size());
-  if (!c.partition.empty()) {
-    if (kind != core::LayoutKind::contiguous)
-      throw InputError(fmt::format("--partition: only applies to --layout contiguous, not {}", c.layout));
-    if (static_cast<int>(c.partition.size()) != comm.size())
-      throw InputError(fmt::format("--partition: has {} sizes for {} ranks (expected one per rank)",
-                                   c.partition.size(), comm.size()));
-    Index sum = 0;
-    for (Index n : c.partition) sum += n;
-    if (sum != s.S && std::all_of(c.partition.begin(), c.partition.end(), [](Index n) { return n >= 0; }))
-      throw InputError(fmt::format("--partition: sizes sum to {} but S is {} (expected sum == S)", sum, s.S));
-  }
-  p.layout = core::Layout::make(kind, s.S, comm.size(), c.partition);
-  if (c.window < 0) throw InputError(fmt::format("--window: {} is negative (expected W >= 1)", c.window));
-  p.mask = core::Mask::make(s.S, c.causal, c.window, c.doc_lens);
-  if (c.traffic == "aware") p.traffic = core::Traffic::aware;
-  else if (c.traffic == "full") p.traffic = core::Traffic::full;
-  else if (c.traffic == "skip-empty") p.traffic = core::Traffic::skip_empty_grads;
-  else throw InputError(fmt::format("--traffic: unknown plan '{}' (expected full, aware or skip-empty)", c.traffic));
-  p.scale = c.scale ? *c.scale : 1.0 / std::sqrt(double(s.D));
-  if (!std::isfinite(p.scale)) throw InputError("--scale: must be finite");
+  RingOptions ro = ring_options(c, s, comm.size());
+  p.layout = std::move(ro.layout);
+  p.mask = std::move(ro.mask);
+  p.traffic = ro.traffic;
+  p.scale = ro.scale;
   return p;
 }
 

@@ -338,12 +338,7 @@ LayerPlan make_plan(const comm::Comm& comm, const LayerConfig& lc) {
   } else {
     if (!lc.model_dim) throw InputError("--layer: needs --model-dim M (or --inputs with x.npy)");
     p.M = *lc.model_dim;
-    p.shape = Shape{c.batch.value_or(kDefaultBatch), c.seq.value_or(kDefaultSeq), c.heads.value_or(kDefaultHeads), 0,
-                    c.head_dim.value_or(kDefaultHeadDim)};
-    p.shape.HKV = c.kv_heads.value_or(p.shape.H);
-    if (c.dtype.empty() || c.dtype == "f32") p.dtype = DType::f32;
-    else if (c.dtype == "f64") p.dtype = DType::f64;
-    else throw InputError(fmt::format("--dtype: unknown dtype '{}' (expected f32 or f64)", c.dtype));
+    shape_from_options(c, p.shape, p.dtype);
   }
   if (p.M < 1) throw InputError(fmt::format("--model-dim: {} is not >= 1", p.M));
   p.shape.validate();
@@ -353,27 +348,11 @@ LayerPlan make_plan(const comm::Comm& comm, const LayerConfig& lc) {
   if (double(s.B) * s.S * s.H * s.D > 9e15 || per_rank + weights > 1e15 || double(p.M) * s.H * s.D > 2e9)
     throw InputError(fmt::format("shape {} M={} is too large to hold", s.str(), p.M));
   if (lc.rope) core::validate_rope(*lc.rope, s.D);
-  const core::LayoutKind kind = core::parse_layout_kind(c.layout);
-  if (!c.partition.empty()) {
-    if (kind != core::LayoutKind::contiguous)
-      throw InputError(fmt::format("--partition: only applies to --layout contiguous, not {}", c.layout));
-    if (static_cast<int>(c.partition.size()) != comm.size())
-      throw InputError(fmt::format("--partition: has {} sizes for {} ranks (expected one per rank)",
-                                   c.partition.size(), comm.size()));
-    Index sum = 0;
-    for (Index n : c.partition) sum += n;
-    if (sum != s.S && std::all_of(c.partition.begin(), c.partition.end(), [](Index n) { return n >= 0; }))
-      throw InputError(fmt::format("--partition: sizes sum to {} but S is {} (expected sum == S)", sum, s.S));
-  }
-  p.layout = core::Layout::make(kind, s.S, comm.size(), c.partition);
-  if (c.window < 0) throw InputError(fmt::format("--window: {} is negative (expected W >= 1)", c.window));
-  p.mask = core::Mask::make(s.S, c.causal, c.window, c.doc_lens);
-  if (c.traffic == "aware") p.traffic = core::Traffic::aware;
-  else if (c.traffic == "full") p.traffic = core::Traffic::full;
-  else if (c.traffic == "skip-empty") p.traffic = core::Traffic::skip_empty_grads;
-  else throw InputError(fmt::format("--traffic: unknown plan '{}' (expected full, aware or skip-empty)", c.traffic));
-  p.scale = c.scale ? *c.scale : 1.0 / std::sqrt(double(s.D));
-  if (!std::isfinite(p.scale)) throw InputError("--scale: must be finite");
+  RingOptions ro = ring_options(c, s, comm.size());
+  p.layout = std::move(ro.layout);
+  p.mask = std::move(ro.mask);
+  p.traffic = ro.traffic;
+  p.scale = ro.scale;
   return p;
 }
 

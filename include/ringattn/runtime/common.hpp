@@ -7,7 +7,11 @@
 
 #include "ringattn/comm/comm.hpp"
 #include "ringattn/core/errors.hpp"
+#include "ringattn/core/layout.hpp"
+#include "ringattn/core/mask.hpp"
+#include "ringattn/core/ring_plan.hpp"
 #include "ringattn/core/shape.hpp"
+#include "ringattn/runtime/job.hpp"
 
 namespace ringattn::runtime {
 
@@ -35,6 +39,18 @@ void agreed_runtime(const comm::Comm& comm, Fn&& fn) {
   }
   if (auto e = comm.agree(err)) throw AgreedFailure(*e);
 }
+
+// Shape and dtype from the options alone (no input files): defaults where an option is absent.
+void shape_from_options(const JobConfig& c, core::Shape& shape, core::DType& dtype);
+
+// What run and layer derive alike from the options, validated (InputError naming the option).
+struct RingOptions {
+  core::Layout layout = core::Layout::contiguous(1, 1);
+  core::Mask mask;
+  core::Traffic traffic = core::Traffic::aware;
+  double scale = 1;
+};
+RingOptions ring_options(const JobConfig& c, const core::Shape& s, int N);
 
 // High-water mark of this process's resident memory in bytes.
 core::Index peak_rss_bytes();
