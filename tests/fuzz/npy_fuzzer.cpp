@@ -8,6 +8,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -48,10 +49,13 @@ void exercise_file(std::string_view bytes) {
     const std::vector<double> all = io::read_npy<double>(path, h);
     if (all.size() != static_cast<std::size_t>(h.elements())) std::abort();
     if (h.shape.size() >= 2 && h.shape[1] >= 2) {
-      // The odd positions of axis 1, as a striped shard would read them.
+      // The odd positions of axis 1, as a striped shard would read them. A file with no elements
+      // may still declare a huge axis 1 (say (0, 9239223232)), so ask for at most 4096 of them:
+      // the harness must not be the thing that runs out of memory.
       std::vector<core::Run> runs;
       core::Index L = 0;
-      for (core::Index p = 1; p < h.shape[1]; p += 2) runs.push_back({p, L++, 1});
+      const core::Index S = std::min<core::Index>(h.shape[1], 8192);
+      for (core::Index p = 1; p < S; p += 2) runs.push_back({p, L++, 1});
       std::vector<float> shard(static_cast<std::size_t>(h.elements() / h.shape[1] * L));
       io::read_npy_positions<float>(path, h, 1, runs, L, shard.data());
     }
