@@ -45,6 +45,8 @@ Command add_run_command(CLI::App& parent) {
                   "skip-empty: every block, no all-zero gradient returns");
   run->add_option("--tile-q", c.tiling.q_rows, "query rows per tile (default 128)");
   run->add_option("--tile-k", c.tiling.k_cols, "keys per tile (default 256)");
+  run->add_option("--tile-strip", c.tiling.strip_rows,
+                  "rows per strip of a partially visible tile, each strip trimmed to the keys it sees (default 32)");
   run->add_option("--rope", c.rope, "RoPE (rotate-half) on q and k at global positions, base THETA; D even");
   run->add_flag("--layer", layer->on,
                 "a whole layer: x wq wk wv wo dy -> y dx dwq dwk dwv dwo (weight gradients summed over ranks)");

@@ -112,6 +112,33 @@ inline TileClass classify_tile(const Mask& mask, std::span<const Index> qpos, In
   return mask.classify(qpos[t.r0 / G], qpos[(t.r0 + t.tq - 1) / G], kpos[t.c0], kpos[t.c0 + t.tk - 1]);
 }
 
+// Calls fn(piece, class) for the parts of tile t that hold visible pairs. A full tile is one
+// piece. A partial tile is cut into strips of `strip` rows; each strip's keys are trimmed from
+// both ends while no row of the strip can see them, and the strip is then classified again. On
+// a causal diagonal this computes a staircase instead of the whole square: with m strips per
+// tile, (m+1)/2m of it instead of all. Positions increase along rows and keys, so a key that
+// classify() calls empty for the strip's first..last positions is seen by none of its rows.
+template <class Fn>
+void for_each_piece(const Mask& mask, std::span<const Index> qpos, Index G, std::span<const Index> kpos, const Tile& t,
+                    TileClass cls, Index strip, Fn&& fn) {
+  if (cls != TileClass::partial) {
+    fn(t, cls);
+    return;
+  }
+  const Index step = strip > 0 ? strip : t.tq;
+  for (Index r0 = t.r0; r0 < t.r0 + t.tq; r0 += step) {
+    const Index tq = std::min(step, t.r0 + t.tq - r0);
+    const Index qmin = qpos[r0 / G], qmax = qpos[(r0 + tq - 1) / G];
+    Index a = t.c0, b = t.c0 + t.tk;
+    while (a < b && mask.classify(qmin, qmax, kpos[a], kpos[a]) == TileClass::empty) ++a;
+    while (b > a && mask.classify(qmin, qmax, kpos[b - 1], kpos[b - 1]) == TileClass::empty) --b;
+    if (a == b) continue;
+    const Tile piece{r0, tq, a, b - a};
+    const TileClass c = classify_tile(mask, qpos, G, kpos, piece);
+    if (c != TileClass::empty) fn(piece, c);
+  }
+}
+
 // Set the scores of invisible pairs to -inf (partial tiles only).
 template <class T>
 void apply_mask(MMap<T>& s, const Mask& mask, std::span<const Index> qpos, Index G, std::span<const Index> kpos,
@@ -158,36 +185,40 @@ Work block_forward(const QueryShard<T>& q, const KVBlock<T>& kv, const Mask& mas
       T* ag = st.acc + q.pk.q_group(b, g);
       for (Index r0 = 0; r0 < rows; r0 += TQ) {
         const Index tq = std::min(TQ, rows - r0);
-        CMap<T> Qt(qg + r0 * D, tq, D);
-        MMap<T> At(ag + r0 * D, tq, D);
         Vec<T> m(mg + r0, tq), l(lg + r0, tq), c(ws.rowbuf.data(), tq);
         for (Index c0 = 0; c0 < Lk; c0 += TK) {
-          const Tile t{r0, tq, c0, std::min(TK, Lk - c0)};
-          const TileClass cls = classify_tile(mask, q.pos, G, kv.pos, t);
-          if (cls == TileClass::empty) continue;
-          CMap<T> Kt(kg + c0 * D, t.tk, D), Vt(vg + c0 * D, t.tk, D);
-          MMap<T> S(ws.s.data(), tq, t.tk);
-          // pass 1: scores S = scale Q K^T (in base units), invisible pairs -inf
-          S.noalias() = alpha * (Qt * Kt.transpose());
-          if (cls == TileClass::partial) apply_mask(S, mask, q.pos, G, kv.pos, t);
-          // pass 2: running max, rescale factor c = e^(m - m'), P = e^(S - m'), exp-sum
-          for (Index i = 0; i < tq; ++i) {
-            const T m_new = std::max(m[i], S.row(i).maxCoeff());
-            if (m_new == kNegInf<T>) {  // nothing visible yet: keep P = 0, state untouched
-              S.row(i).setZero();
-              c[i] = T(1);
-              continue;
+          const Tile tile{r0, tq, c0, std::min(TK, Lk - c0)};
+          const TileClass tile_cls = classify_tile(mask, q.pos, G, kv.pos, tile);
+          if (tile_cls == TileClass::empty) continue;
+          for_each_piece(mask, q.pos, G, kv.pos, tile, tile_cls, ws.tiling.strip_rows, [&](const Tile& t, TileClass cls) {
+            const Index i0 = t.r0 - r0, n = t.tq;  // the piece's rows within the query tile
+            CMap<T> Qp(qg + t.r0 * D, n, D), Kp(kg + t.c0 * D, t.tk, D), Vp(vg + t.c0 * D, t.tk, D);
+            MMap<T> Ap(ag + t.r0 * D, n, D);
+            MMap<T> S(ws.s.data(), n, t.tk);
+            // pass 1: scores S = scale Q K^T (in base units), invisible pairs -inf
+            S.noalias() = alpha * (Qp * Kp.transpose());
+            if (cls == TileClass::partial) apply_mask(S, mask, q.pos, G, kv.pos, t);
+            // pass 2: running max, rescale factor c = e^(m - m'), P = e^(S - m'), exp-sum
+            auto cp = c.segment(i0, n);
+            for (Index i = 0; i < n; ++i) {
+              T& mi = m[i0 + i];
+              const T m_new = std::max(mi, S.row(i).maxCoeff());
+              if (m_new == kNegInf<T>) {  // nothing visible yet: keep P = 0, state untouched
+                S.row(i).setZero();
+                cp[i] = T(1);
+                continue;
+              }
+              const T row_sum = Base<T>::exp_sum(S.row(i).data(), t.tk, m_new);
+              cp[i] = Base<T>::pow(mi - m_new);  // e^(-inf) = 0 on the first visible block
+              l[i0 + i] = cp[i] * l[i0 + i] + row_sum;
+              mi = m_new;
             }
-            const T row_sum = Base<T>::exp_sum(S.row(i).data(), t.tk, m_new);
-            c[i] = Base<T>::pow(m[i] - m_new);  // e^(-inf) = 0 on the first visible block
-            l[i] = c[i] * l[i] + row_sum;
-            m[i] = m_new;
-          }
-          // pass 3: a' = c a + P V (once the running max settles, c = 1 and the rescale is skipped)
-          if ((c != T(1)).any()) At.array().colwise() *= c;
-          At.noalias() += S * Vt;
+            // pass 3: a' = c a + P V (once the running max settles, c = 1 and the rescale is skipped)
+            if ((cp != T(1)).any()) Ap.array().colwise() *= cp.array();
+            Ap.noalias() += S * Vp;
+            work.flops += 4.0 * double(n) * double(t.tk) * double(D);
+          });
           ++work.tile_pairs;
-          work.flops += 4.0 * double(tq) * double(t.tk) * double(D);
           progress();
         }
       }
@@ -238,32 +269,36 @@ Work block_backward(const GradQueryShard<T>& gq, const KVBlock<T>& kv, const Mas
         CMap<T> Kt(kv.k + ko + c0 * D, tk, D), Vt(kv.v + ko + c0 * D, tk, D);
         MMap<T> dKt(dk + ko + c0 * D, tk, D), dVt(dv + ko + c0 * D, tk, D);
         for (Index r0 = 0; r0 < rows; r0 += TQ) {
-          const Tile t{r0, std::min(TQ, rows - r0), c0, tk};
-          const TileClass cls = classify_tile(mask, q.pos, G, kv.pos, t);
-          if (cls == TileClass::empty) continue;
-          const Index tq = t.tq;
-          CMap<T> Qt(q.q + qo + r0 * D, tq, D), dOt(gq.dout + qo + r0 * D, tq, D);
-          MMap<T> dQt(gq.dq + qo + r0 * D, tq, D);
-          const T* lse = gq.lse + ro + r0;
-          const T* delta = gq.delta + ro + r0;
-          MMap<T> P(ws.s.data(), tq, tk), dS(ws.p.data(), tq, tk);
-          // pass 1: recompute P = exp(scale Q K^T - LSE) from the row LSE; invisible pairs 0
-          P.noalias() = alpha * (Qt * Kt.transpose());
-          if (cls == TileClass::partial) apply_mask(P, mask, q.pos, G, kv.pos, t);
-          for (Index i = 0; i < tq; ++i) {
-            if (lse[i] == kNegInf<T>) P.row(i).setZero();  // row sees no key anywhere
-            else Base<T>::exp_sum(P.row(i).data(), tk, lse[i] * Base<T>::kLog);
-          }
-          // pass 2: dV += P^T dO
-          dVt.noalias() += P.transpose() * dOt;
-          // pass 3: dP = dO V^T, dS = P o (dP - D)
-          dS.noalias() = dOt * Vt.transpose();
-          for (Index i = 0; i < tq; ++i) dS.row(i).array() = P.row(i).array() * (dS.row(i).array() - delta[i]);
-          // pass 4: dQ += scale dS K, dK += scale dS^T Q
-          dQt.noalias() += scale * (dS * Kt);
-          dKt.noalias() += scale * (dS.transpose() * Qt);
+          const Tile tile{r0, std::min(TQ, rows - r0), c0, tk};
+          const TileClass tile_cls = classify_tile(mask, q.pos, G, kv.pos, tile);
+          if (tile_cls == TileClass::empty) continue;
+          for_each_piece(mask, q.pos, G, kv.pos, tile, tile_cls, ws.tiling.strip_rows, [&](const Tile& t, TileClass cls) {
+            const Index n = t.tq, kc = t.tk, k0 = t.c0 - c0;  // the piece within the K/V tile
+            CMap<T> Qp(q.q + qo + t.r0 * D, n, D), dOp(gq.dout + qo + t.r0 * D, n, D);
+            CMap<T> Kp(Kt.data() + k0 * D, kc, D), Vp(Vt.data() + k0 * D, kc, D);
+            MMap<T> dQp(gq.dq + qo + t.r0 * D, n, D);
+            MMap<T> dKp(dKt.data() + k0 * D, kc, D), dVp(dVt.data() + k0 * D, kc, D);
+            const T* lse = gq.lse + ro + t.r0;
+            const T* delta = gq.delta + ro + t.r0;
+            MMap<T> P(ws.s.data(), n, kc), dS(ws.p.data(), n, kc);
+            // pass 1: recompute P = exp(scale Q K^T - LSE) from the row LSE; invisible pairs 0
+            P.noalias() = alpha * (Qp * Kp.transpose());
+            if (cls == TileClass::partial) apply_mask(P, mask, q.pos, G, kv.pos, t);
+            for (Index i = 0; i < n; ++i) {
+              if (lse[i] == kNegInf<T>) P.row(i).setZero();  // row sees no key anywhere
+              else Base<T>::exp_sum(P.row(i).data(), kc, lse[i] * Base<T>::kLog);
+            }
+            // pass 2: dV += P^T dO
+            dVp.noalias() += P.transpose() * dOp;
+            // pass 3: dP = dO V^T, dS = P o (dP - D)
+            dS.noalias() = dOp * Vp.transpose();
+            for (Index i = 0; i < n; ++i) dS.row(i).array() = P.row(i).array() * (dS.row(i).array() - delta[i]);
+            // pass 4: dQ += scale dS K, dK += scale dS^T Q
+            dQp.noalias() += scale * (dS * Kp);
+            dKp.noalias() += scale * (dS.transpose() * Qp);
+            work.flops += 10.0 * double(n) * double(kc) * double(D);
+          });
           ++work.tile_pairs;
-          work.flops += 10.0 * double(tq) * double(tk) * double(D);
           progress();
         }
       }

@@ -45,6 +45,10 @@ void shape_from_options(const JobConfig& c, core::Shape& shape, core::DType& dty
 
 RingOptions ring_options(const JobConfig& c, const core::Shape& s, int N) {
   RingOptions o;
+  for (const auto& [option, value] : {std::pair{"--tile-q", c.tiling.q_rows}, std::pair{"--tile-k", c.tiling.k_cols},
+                                      std::pair{"--tile-strip", c.tiling.strip_rows}})
+    if (value < 1 || value > 65536)
+      throw InputError(fmt::format("{}: {} is outside 1..65536 (a tile size)", option, value));
   const core::LayoutKind kind = core::parse_layout_kind(c.layout);
   if (!c.partition.empty()) {
     if (kind != core::LayoutKind::contiguous)
@@ -491,6 +495,7 @@ io::Json config_json(const JobConfig& c, const Plan& p, int N) {
   j["timeout"] = c.timeout;
   j["tile_q"] = static_cast<std::int64_t>(c.tiling.q_rows);
   j["tile_k"] = static_cast<std::int64_t>(c.tiling.k_cols);
+  j["tile_strip"] = static_cast<std::int64_t>(c.tiling.strip_rows);
   j["mask"] = p.mask.describe();
   j["traffic"] = c.traffic;
   j["rope"] = c.rope ? io::Json(*c.rope) : io::Json();
@@ -541,8 +546,9 @@ void print_summary(const JobConfig& c, const Plan& p, const io::Report& rep) {
   const double mean = flops / std::max<std::size_t>(1, rep.ranks.size());
   double max_flops = 0;
   for (const io::RankReport& r : rep.ranks) max_flops = std::max(max_flops, r.work.flops);
-  fmt::print("  work imbalance (max/mean flops): {:.3f}; seed model for causal contiguous shards 2N/(N+1) = {:.3f}\n",
-             mean > 0 ? max_flops / mean : 1.0, 2.0 * N / (N + 1));
+  fmt::print("  work imbalance (max/mean flops): {:.3f}; for causal contiguous shards the seed's block model gives "
+             "2N/(N+1) = {:.3f}, visible pairs only (2N-1)/N = {:.3f}\n",
+             mean > 0 ? max_flops / mean : 1.0, 2.0 * N / (N + 1), (2.0 * N - 1) / N);
   fmt::print("  memory per rank (largest): ring buffers {}, peak RSS {}; total {:.2f} GFLOP\n", human_bytes(double(budget)),
              human_bytes(double(rss)), flops * 1e-9);
   if (rep.check) {
@@ -744,7 +750,6 @@ int run_job(const comm::Comm& comm, const JobConfig& c) {
   if (c.iters < 1) throw InputError(fmt::format("--iters: {} is not >= 1", c.iters));
   if (c.warmup < 0) throw InputError(fmt::format("--warmup: {} is negative", c.warmup));
   if (c.timeout < 0) throw InputError(fmt::format("--timeout: {} is negative (0 disables the watchdog)", c.timeout));
-  if (c.tiling.q_rows < 1 || c.tiling.k_cols < 1) throw InputError("tile sizes must be >= 1");
   Plan p;
   agreed(comm, [&] { p = make_plan(comm, c); });
   if (!c.out.empty()) ensure_out_dir(comm, c.out);

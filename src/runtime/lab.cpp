@@ -285,6 +285,7 @@ io::Json config_json(const LabConfig& c, const LabResult& res, int N) {
   j["timeout"] = kTimeout;
   j["tile_q"] = static_cast<std::int64_t>(kTiling.q_rows);
   j["tile_k"] = static_cast<std::int64_t>(kTiling.k_cols);
+  j["tile_strip"] = static_cast<std::int64_t>(kTiling.strip_rows);
   j["mask"] = res.mask.describe();
   j["traffic"] = traffic_name(res.traffic);
   return j;

@@ -601,6 +601,7 @@ io::Json config_json(const LayerConfig& lc, const LayerPlan& p, int N) {
   j["timeout"] = c.timeout;
   j["tile_q"] = static_cast<std::int64_t>(c.tiling.q_rows);
   j["tile_k"] = static_cast<std::int64_t>(c.tiling.k_cols);
+  j["tile_strip"] = static_cast<std::int64_t>(c.tiling.strip_rows);
   j["mask"] = p.mask.describe();
   j["traffic"] = c.traffic;
   return j;
@@ -871,7 +872,6 @@ int run_layer_job(const comm::Comm& comm, const LayerConfig& lc) {
   if (c.iters < 1) throw InputError(fmt::format("--iters: {} is not >= 1", c.iters));
   if (c.warmup < 0) throw InputError(fmt::format("--warmup: {} is negative", c.warmup));
   if (c.timeout < 0) throw InputError(fmt::format("--timeout: {} is negative (0 disables the watchdog)", c.timeout));
-  if (c.tiling.q_rows < 1 || c.tiling.k_cols < 1) throw InputError("tile sizes must be >= 1");
   if (!c.trace.empty()) throw InputError("--trace: not supported with --layer (use --report)");
   LayerPlan p;
   agreed(comm, [&] { p = make_plan(comm, lc); });

@@ -163,6 +163,9 @@ std::vector<Case> cases() {
       {"window_contiguous", Shape{1, 41, 2, 2, 8}, LayoutKind::contiguous, {}, true, 5},
       {"documents_striped", Shape{1, 30, 2, 1, 8}, LayoutKind::striped, {}, true, 0, {7, 3, 12, 8}},
       {"large_tiles", Shape{1, 70, 2, 2, 16}, LayoutKind::contiguous, {}, true, 0, {}, Tiling{128, 256}},
+      // partial tiles as staircases of 4-row strips, the strip cutting a position's heads apart
+      {"striped_causal_gqa_strips", Shape{2, 53, 6, 2, 8}, LayoutKind::striped, {}, true, 0, {}, Tiling{16, 32, 4}},
+      {"zigzag_window_strips", Shape{1, 61, 2, 1, 8}, LayoutKind::zigzag, {}, true, 9, {}, Tiling{16, 32, 4}},
   };
   return cs;
 }
@@ -208,13 +211,16 @@ TEST(RingAttention, EveryLayoutAndMaskMatchesReferenceFloat64) {
   const std::vector<MaskSpec> masks = {{"none", false, 0, {}},          {"causal", true, 0, {}},
                                        {"window3", true, 3, {}},        {"docs", false, 0, {9, 1, 12, 7}},
                                        {"causal_docs", true, 0, {9, 1, 12, 7}}, {"window_docs", true, 4, {9, 1, 12, 7}}};
+  // Tiles of 4 rows x 3 keys whole, and of 8 x 6 with partial tiles cut into strips of 3 rows.
+  for (const Tiling tiling : {Tiling{4, 3}, Tiling{8, 6, 3}})
   for (LayoutKind kind : {LayoutKind::contiguous, LayoutKind::striped, LayoutKind::zigzag})
     for (const MaskSpec& m : masks)
       for (Index S : {Index(7), Index(29)}) {
         std::vector<Index> docs = m.docs;
         if (!docs.empty() && S == 7) docs = {3, 0, 4};
-        const Case c(std::string(layout_name(kind)) + "_" + m.name + "_S" + std::to_string(S), Shape{1, S, 2, 1, 4},
-                     kind, {}, m.causal, m.window, docs, Tiling{4, 3});
+        const Case c(std::string(layout_name(kind)) + "_" + m.name + "_S" + std::to_string(S) + "_strip" +
+                         std::to_string(tiling.strip_rows),
+                     Shape{1, S, 2, 1, 4}, kind, {}, m.causal, m.window, docs, tiling);
         SCOPED_TRACE(c.name);
         const Errors e = run_ring<double>(c).err;
         EXPECT_LE(e.o, 1e-12);

@@ -209,7 +209,7 @@ TEST(BlockAttention, OnlineSoftmaxIsIndependentOfBlockOrderAndSplit) {
     std::vector<double> m(pq.row_elems()), l(pq.row_elems()), acc(pq.q_elems());
     OnlineState<double> st{m.data(), l.data(), acc.data()};
     init_online_state(pq, st);
-    Workspace<double> ws(Tiling{5, 4});
+    Workspace<double> ws(Tiling{5, 4, 1 + trial % 3});  // strips of 1, 2, 3 rows in partial tiles
     for (int o : order) {
       auto k = shard_packed<double>(g.k, s, s.HKV, blocks, o), v = shard_packed<double>(g.v, s, s.HKV, blocks, o);
       const KVBlock<double> kv{Packing{s.B, s.HKV, 1, blocks.size(o), s.D}, blocks.positions(o), k.data(), v.data()};
@@ -280,7 +280,7 @@ TEST(BlockAttention, EmptyBlocksAndTilesAreSkipped) {
 
 namespace {
 // Tile pairs computed by one rank's queries against its own block (positions 0 .. L-1).
-Work self_block_work(Index L, const Mask& mask, Index T, Index D = 4) {
+Work self_block_work(Index L, const Mask& mask, Index T, Index D = 4, Index strip = 32) {
   const Shape s{1, L, 1, 1, D};
   const Layout l = Layout::contiguous(L, 1);
   const Global g = random_inputs(s, 3);
@@ -290,7 +290,7 @@ Work self_block_work(Index L, const Mask& mask, Index T, Index D = 4) {
   std::vector<double> m(L), ls(L), acc(L * D);
   OnlineState<double> st{m.data(), ls.data(), acc.data()};
   init_online_state(pk, st);
-  Workspace<double> ws(Tiling{T, T});
+  Workspace<double> ws(Tiling{T, T, strip});
   return block_forward(QueryShard<double>{pk, l.positions(0), q.data()},
                        KVBlock<double>{pk, l.positions(0), k.data(), v.data()}, mask, 1.0, st, ws);
 }
@@ -311,3 +311,29 @@ TEST(BlockAttention, SkippedTilePairsFollowTheirClosedForms) {
   const Work causal = self_block_work(L, Mask::make(L, true, 0, {}), T, 4);
   EXPECT_EQ(causal.flops, causal.tile_pairs * 4.0 * T * T * 4);
 }
+
+// A partial tile is computed as a staircase of strips, each trimmed to the keys its rows see: a
+// causal diagonal tile of T rows in strips of s rows costs sum_{k=1..T/s} s * ks pairs instead
+// of T^2.
+TEST(BlockAttention, PartialTilesAreComputedAsTrimmedStrips) {
+  const Index L = 96, T = 16, n = L / T, D = 4;
+  for (Index strip : {1, 4, 8, 16}) {
+    const Work causal = self_block_work(L, Mask::make(L, true, 0, {}), T, D, strip);
+    EXPECT_EQ(causal.tile_pairs, n * (n + 1) / 2) << "strip " << strip;
+    const Index m = T / strip;
+    const double diagonal_pairs = double(strip) * strip * m * (m + 1) / 2;  // sum_k s * (k s)
+    EXPECT_EQ(causal.flops, 4.0 * D * (n * (n - 1) / 2 * double(T * T) + n * diagonal_pairs)) << "strip " << strip;
+  }
+  // Strips of one row compute exactly the visible pairs: L(L+1)/2 for causal, and for a window
+  // of W rows i-W < j <= i: sum_i min(i+1, W).
+  EXPECT_EQ(self_block_work(L, Mask::make(L, true, 0, {}), T, D, 1).flops, 4.0 * D * L * (L + 1) / 2);
+  const Index W = 5;
+  double window_pairs = 0;
+  for (Index i = 0; i < L; ++i) window_pairs += double(std::min(i + 1, W));
+  EXPECT_EQ(self_block_work(L, Mask::make(L, true, W, {}), T, D, 1).flops, 4.0 * D * window_pairs);
+  // Documents of 10, 30, 56 positions (not aligned to tiles), non-causal, strips of one row:
+  // exactly sum_d n_d^2 pairs.
+  EXPECT_EQ(self_block_work(L, Mask::make(L, false, 0, {10, 30, 56}), T, D, 1).flops,
+            4.0 * D * (10 * 10 + 30 * 30 + 56 * 56));
+}
+

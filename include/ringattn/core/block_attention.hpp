@@ -19,12 +19,15 @@
 namespace ringattn::core {
 
 struct Tiling {
-  Index q_rows = 128;  // rows of a query tile (positions x heads)
-  Index k_cols = 256;  // keys of a K/V tile
+  Index q_rows = 128;     // rows of a query tile (positions x heads)
+  Index k_cols = 256;     // keys of a K/V tile
+  Index strip_rows = 32;  // a partially visible tile is computed in strips of this many rows, each
+                          // trimmed to the keys its rows can see (a staircase along the diagonal)
 };
 
-// Work actually done, counted as FlashAttention does: forward 4*rows*cols*D per computed tile
-// pair, backward 2.5x that (five GEMMs of 2*rows*cols*D instead of two).
+// Work actually done, counted as FlashAttention does: forward 4*rows*cols*D per computed piece,
+// backward 2.5x that (five GEMMs of 2*rows*cols*D instead of two). A full tile is one piece; a
+// partial tile is its trimmed strips. tile_pairs counts tile pairs with any visible pair.
 struct Work {
   Index tile_pairs = 0;
   double flops = 0;

@@ -43,7 +43,8 @@ void agreed_runtime(const comm::Comm& comm, Fn&& fn) {
 // Shape and dtype from the options alone (no input files): defaults where an option is absent.
 void shape_from_options(const JobConfig& c, core::Shape& shape, core::DType& dtype);
 
-// What run and layer derive alike from the options, validated (InputError naming the option).
+// What run and layer derive alike from the options, validated (InputError naming the option);
+// the tile sizes are checked here too.
 struct RingOptions {
   core::Layout layout = core::Layout::contiguous(1, 1);
   core::Mask mask;
