@@ -71,6 +71,12 @@ Json to_json(const Report& r) {
     lj["resident_qkv_elems"] = static_cast<std::int64_t>(l.resident_qkv_elems);
     lj["remote_block_elems"] = static_cast<std::int64_t>(l.remote_block_elems);
     lj["online_state_elems"] = static_cast<std::int64_t>(l.online_state_elems);
+    if (rr.allreduce_send_elems >= 0) {  // not ring traffic: send_bytes and recv_bytes leave it out
+      lj["allreduce_send_elems"] = static_cast<std::int64_t>(rr.allreduce_send_elems);
+      lj["allreduce_recv_elems"] = static_cast<std::int64_t>(rr.allreduce_recv_elems);
+      lj["allreduce_send_bytes"] = static_cast<std::int64_t>(rr.allreduce_send_elems * es);
+      lj["allreduce_recv_bytes"] = static_cast<std::int64_t>(rr.allreduce_recv_elems * es);
+    }
     x["ledger"] = lj;
     Json tj = Json::object();
     tj["forward_s"] = rr.forward_s;

@@ -29,6 +29,7 @@
 #include "ringattn/io/report.hpp"
 #include "ringattn/runtime/common.hpp"
 #include "ringattn/runtime/ring_attention.hpp"
+#include "ringattn/runtime/staged_outputs.hpp"
 
 namespace ringattn::runtime {
 
@@ -109,10 +110,6 @@ std::vector<TensorSpec> input_specs(const Shape& s) {
           {"k", core::InputTensor::k, {s.B, s.S, s.HKV, s.D}, 1, s.B, s.HKV * s.D},
           {"v", core::InputTensor::v, {s.B, s.S, s.HKV, s.D}, 1, s.B, s.HKV * s.D},
           {"dout", core::InputTensor::dout, {s.B, s.S, s.H, s.D}, 1, s.B, s.H * s.D}};
-}
-
-std::string path_in(const std::string& dir, const std::string& file) {
-  return (std::filesystem::path(dir) / file).string();
 }
 
 std::string shape_str(const std::vector<Index>& v) {
@@ -350,119 +347,25 @@ io::CheckReport run_check(const comm::Comm& comm, const JobConfig& c, const Plan
   return cr;
 }
 
-// While partial outputs exist, a signal that ends the job removes them: when a rank dies Open
-// MPI sends SIGTERM to the others, and a killed job must leave nothing that looks complete.
-// The handler only calls unlink and _exit (async-signal-safe) on paths stored beforehand.
-namespace partials {
-constexpr int kMax = 16;
-char paths[kMax][4096];
-volatile sig_atomic_t count = 0;
-struct sigaction previous[3];
-constexpr int kSignals[3] = {SIGTERM, SIGINT, SIGHUP};
-
-extern "C" void on_signal(int sig) {
-  for (int i = 0; i < count; ++i) ::unlink(paths[i]);
-  ::_exit(128 + sig);
-}
-
-void arm(const std::vector<std::string>& files) {
-  count = 0;
-  for (const std::string& f : files) {
-    if (count == kMax || f.size() >= sizeof(paths[0])) break;
-    std::memcpy(paths[count], f.c_str(), f.size() + 1);
-    count = count + 1;
-  }
-  struct sigaction sa {};
-  sa.sa_handler = on_signal;
-  sigemptyset(&sa.sa_mask);
-  for (int k = 0; k < 3; ++k) sigaction(kSignals[k], &sa, &previous[k]);
-}
-
-void disarm() {
-  count = 0;
-  for (int k = 0; k < 3; ++k) sigaction(kSignals[k], &previous[k], nullptr);
-}
-}  // namespace partials
-
-}  // namespace
-
-void arm_partial_cleanup(const std::vector<std::string>& files) { partials::arm(files); }
-void disarm_partial_cleanup() { partials::disarm(); }
-
-namespace {
-
-// Outputs (and generated inputs) are written under temporary names by every rank at its own
-// positions; commit() renames them on rank 0 only once everything else has succeeded, and
-// discard() removes them on every rank.
+// What `run --out` writes: the outputs, and the inputs when they were generated from --seed.
 template <class T>
-class StagedOutputs {
- public:
-  StagedOutputs(const comm::Comm& comm, const JobConfig& c, const Plan& p) : comm_(comm), c_(c), p_(p) {}
-  ~StagedOutputs() {
-    if (staged_) discard();
+std::vector<typename StagedOutputs<T>::File> output_files(const JobConfig& c, const Shape& s, const Shard<T>& in,
+                                                          const Outputs<T>& out) {
+  const std::vector<Index> query{s.B, s.S, s.H, s.D}, kv{s.B, s.S, s.HKV, s.D};
+  std::vector<typename StagedOutputs<T>::File> files = {{"o", query, 1, out.o}, {"lse", {s.B, s.H, s.S}, 2, out.lse}};
+  if (c.backward) {
+    files.push_back({"dq", query, 1, out.dq});
+    files.push_back({"dk", kv, 1, out.dk});
+    files.push_back({"dv", kv, 1, out.dv});
   }
-
-  void stage(const Shard<T>& in, const Outputs<T>& out) {
-    const Shape& s = p_.shape;
-    const int r = comm_.rank();
-    files_ = {{"o", {s.B, s.S, s.H, s.D}, 1, &out.o}, {"lse", {s.B, s.H, s.S}, 2, &out.lse}};
-    if (c_.backward) {
-      files_.push_back({"dq", {s.B, s.S, s.H, s.D}, 1, &out.dq});
-      files_.push_back({"dk", {s.B, s.S, s.HKV, s.D}, 1, &out.dk});
-      files_.push_back({"dv", {s.B, s.S, s.HKV, s.D}, 1, &out.dv});
-    }
-    if (c_.inputs.empty()) {
-      files_.push_back({"q", {s.B, s.S, s.H, s.D}, 1, &in.q});
-      files_.push_back({"k", {s.B, s.S, s.HKV, s.D}, 1, &in.k});
-      files_.push_back({"v", {s.B, s.S, s.HKV, s.D}, 1, &in.v});
-      files_.push_back({"dout", {s.B, s.S, s.H, s.D}, 1, &in.dout});
-    }
-    std::vector<std::string> tmps;
-    for (const File& f : files_) tmps.push_back(tmp(f));
-    partials::arm(tmps);
-    staged_ = true;
-    agreed_runtime(comm_, [&] {
-      if (r == 0)
-        for (const File& f : files_) io::create_npy(tmp(f), p_.dtype, f.shape);
-    });
-    const auto runs = p_.layout.runs(r);
-    agreed_runtime(comm_, [&] {
-      for (const File& f : files_)
-        io::write_npy_positions<T>(tmp(f), p_.dtype, f.shape, f.pos_axis, runs, p_.layout.size(r), f.data->data());
-    });
+  if (c.inputs.empty()) {
+    files.push_back({"q", query, 1, in.q});
+    files.push_back({"k", kv, 1, in.k});
+    files.push_back({"v", kv, 1, in.v});
+    files.push_back({"dout", query, 1, in.dout});
   }
-
-  void commit() {
-    if (!staged_) return;
-    agreed_runtime(comm_, [&] {
-      if (comm_.rank() == 0)
-        for (const File& f : files_) std::filesystem::rename(tmp(f), path_in(c_.out, f.name + ".npy"));
-    });
-    staged_ = false;
-    partials::disarm();
-  }
-
-  void discard() {
-    for (const File& f : files_) std::remove(tmp(f).c_str());  // every rank: whoever gets there first
-    staged_ = false;
-    partials::disarm();
-  }
-
- private:
-  struct File {
-    std::string name;
-    std::vector<Index> shape;
-    int pos_axis;
-    const std::vector<T>* data;
-  };
-  std::string tmp(const File& f) const { return path_in(c_.out, "." + f.name + ".npy.partial"); }
-
-  const comm::Comm& comm_;
-  const JobConfig& c_;
-  const Plan& p_;
-  std::vector<File> files_;
-  bool staged_ = false;
-};
+  return files;
+}
 
 io::Json config_json(const JobConfig& c, const Plan& p, int N) {
   io::Json j = io::Json::object();
@@ -688,8 +591,8 @@ int run_typed(const comm::Comm& comm, const JobConfig& c, const Plan& p) {
     for (int q = 0; q < N; ++q) rep.ranks.push_back(io::from_row(&all[q * io::kRankReportFields], q));
 
   // Outputs become visible last, only when the trace and the report were written too.
-  StagedOutputs<T> staged(comm, c, p);
-  if (!c.out.empty()) staged.stage(in, out);
+  StagedOutputs<T> staged(comm, c.out, p.dtype, p.layout);
+  if (!c.out.empty()) staged.stage(output_files(c, p.shape, in, out));
   if (!c.trace.empty()) {
     std::vector<StepRecord> steps = pf.steps;
     steps.insert(steps.end(), pb.steps.begin(), pb.steps.end());

@@ -18,6 +18,7 @@
 #include "ringattn/io/npy.hpp"
 #include "ringattn/io/report.hpp"
 #include "ringattn/runtime/common.hpp"
+#include "ringattn/runtime/staged_outputs.hpp"
 
 namespace ringattn::runtime {
 
@@ -222,10 +223,6 @@ namespace {
 
 using core::DType;
 using core::Shape;
-
-std::string path_in(const std::string& dir, const std::string& file) {
-  return (std::filesystem::path(dir) / file).string();
-}
 
 std::string shape_str(const std::vector<Index>& v) {
   std::string s = "[";
@@ -512,59 +509,27 @@ LayerCheck run_check(const comm::Comm& comm, const LayerConfig& lc, const LayerP
   return ck;
 }
 
-// Outputs (and generated inputs) under temporary names, renamed by rank 0 once every rank has
-// written every file: y, dx (and x, dy) by position from every rank; weights whole by rank 0
-// (every rank holds the same bits).
+// What `run --layer --out` writes: y, dx by position from every rank; the weight gradients whole
+// by rank 0 (every rank holds the same bits); and the inputs when they came from --seed.
 template <class T>
-void write_outputs(const comm::Comm& comm, const LayerConfig& lc, const LayerPlan& p, const LayerInputs<T>& in,
-                   const Layer<T>& layer) {
+std::vector<typename StagedOutputs<T>::File> output_files(const LayerConfig& lc, const LayerPlan& p,
+                                                          const LayerInputs<T>& in, const Layer<T>& layer) {
+  using File = typename StagedOutputs<T>::File;
+  constexpr int kWhole = StagedOutputs<T>::kWhole;
   const JobConfig& c = lc.job;
-  const int r = comm.rank();
-  struct File {
-    std::string name;
-    std::vector<Index> shape;
-    bool positional;
-    std::span<const T> data;
-  };
   const std::vector<Index> bsm = p.file_shape(kX);
-  std::vector<File> files = {{"y", bsm, true, layer.y()}};
+  std::vector<File> files = {{"y", bsm, 1, layer.y()}};
   if (c.backward) {
-    files.push_back({"dx", bsm, true, layer.dx()});
-    files.push_back({"dwq", p.file_shape(kWq), false, layer.dwq()});
-    files.push_back({"dwk", p.file_shape(kWk), false, layer.dwk()});
-    files.push_back({"dwv", p.file_shape(kWv), false, layer.dwv()});
-    files.push_back({"dwo", p.file_shape(kWo), false, layer.dwo()});
+    files.push_back({"dx", bsm, 1, layer.dx()});
+    files.push_back({"dwq", p.file_shape(kWq), kWhole, layer.dwq()});
+    files.push_back({"dwk", p.file_shape(kWk), kWhole, layer.dwk()});
+    files.push_back({"dwv", p.file_shape(kWv), kWhole, layer.dwv()});
+    files.push_back({"dwo", p.file_shape(kWo), kWhole, layer.dwo()});
   }
   if (c.inputs.empty())
-    for (int f = 0; f < kFiles; ++f) files.push_back({kFileNames[f], p.file_shape(f), LayerPlan::positional(f), in.t[f]});
-  auto tmp = [&](const File& f) { return path_in(c.out, "." + f.name + ".npy.partial"); };
-  std::vector<std::string> tmps;
-  for (const File& f : files) tmps.push_back(tmp(f));
-  arm_partial_cleanup(tmps);
-  try {
-    agreed_runtime(comm, [&] {
-      if (r != 0) return;
-      for (const File& f : files) {
-        if (f.positional) io::create_npy(tmp(f), p.dtype, f.shape);
-        else io::write_npy<T>(tmp(f), p.dtype, f.shape, f.data.data());
-      }
-    });
-    const auto runs = p.layout.runs(r);
-    agreed_runtime(comm, [&] {
-      for (const File& f : files)
-        if (f.positional)
-          io::write_npy_positions<T>(tmp(f), p.dtype, f.shape, 1, runs, p.layout.size(r), f.data.data());
-    });
-    agreed_runtime(comm, [&] {
-      if (r == 0)
-        for (const File& f : files) std::filesystem::rename(tmp(f), path_in(c.out, f.name + ".npy"));
-    });
-  } catch (...) {
-    for (const File& f : files) std::remove(tmp(f).c_str());  // every rank: whoever gets there first
-    disarm_partial_cleanup();
-    throw;
-  }
-  disarm_partial_cleanup();
+    for (int f = 0; f < kFiles; ++f)
+      files.push_back({kFileNames[f], p.file_shape(f), LayerPlan::positional(f) ? 1 : kWhole, in.t[f]});
+  return files;
 }
 
 io::Json config_json(const LayerConfig& lc, const LayerPlan& p, int N) {
@@ -751,6 +716,8 @@ int run_typed(const comm::Comm& comm, const LayerConfig& lc, const LayerPlan& p)
       rr.work = core::Work{Index(fig(q, kTiles)), fig(q, kFlops)};
       rr.budget_bytes = Index(fig(q, kBudget));
       rr.peak_rss_bytes = Index(fig(q, kRss));
+      rr.allreduce_send_elems = Index(fig(q, kDwo) + fig(q, kDw));
+      rr.allreduce_recv_elems = Index(fig(q, kDwo + 1) + fig(q, kDw + 1));
       rep.ranks.push_back(rr);
       io::Json lr = io::Json::object();
       lr["rank"] = q;
@@ -811,7 +778,9 @@ int run_typed(const comm::Comm& comm, const LayerConfig& lc, const LayerPlan& p)
     layer_json["ranks"] = layer_ranks;
   }
 
-  if (!c.out.empty()) write_outputs(comm, lc, p, in, layer);
+  // Outputs become visible last, only when the report was written too.
+  StagedOutputs<T> staged(comm, c.out, p.dtype, p.layout);
+  if (!c.out.empty()) staged.stage(output_files(lc, p, in, layer));
   io::Json j = io::to_json(rep);
   if (check) {
     io::Json cj = io::Json::object();
@@ -828,6 +797,7 @@ int run_typed(const comm::Comm& comm, const LayerConfig& lc, const LayerPlan& p)
     agreed_runtime(comm, [&] {
       if (r == 0) io::write_text_atomically(c.report, j.dump(2) + "\n");
     });
+  staged.commit();
 
   if (r == 0) {
     const Shape& s = p.shape;

@@ -217,6 +217,14 @@ def check_report(path, n, elem_size):
             bad.append(f"rank {rr['rank']}: exposed {d['exposed_s']} not within elapsed {d['elapsed_s']}")
         if d["send_bytes"] != d["send_elems"] * elem_size:
             bad.append(f"rank {rr['rank']}: send_bytes != send_elems * {elem_size}")
+    # the rank's ledger carries the same traffic (dWo + dWq/dWk/dWv) next to the ring's
+    for rr in ranks:
+        led = rep["ranks"][rr["rank"]]["ledger"]
+        for way in ("send", "recv"):
+            want = rr["dwo"][f"{way}_elems"] + rr["dwqkv"][f"{way}_elems"]
+            if led.get(f"allreduce_{way}_elems") != want or led.get(f"allreduce_{way}_bytes") != want * elem_size:
+                bad.append(f"rank {rr['rank']}: ledger allreduce_{way}_elems {led.get(f'allreduce_{way}_elems')} "
+                           f"!= {want} (dWo + dWqkv)")
     # each rank sends 2 (N-1)/N of the buffer: the total is 2 (N-1) buffers
     if "elems" in dwo and dwo.get("total_send_bytes") != 2 * (n - 1) * dwo["elems"] * elem_size:
         bad.append(f"allreduce.dwo.total_send_bytes {dwo.get('total_send_bytes')} != 2 (N-1) elems * {elem_size}")

@@ -18,6 +18,9 @@ struct RankReport {
   core::Work work;                                                   // forward + backward
   core::Index budget_bytes = 0;                                      // buffers held for the ring
   core::Index peak_rss_bytes = 0;                                    // the process's high-water mark
+  // --layer: elements this rank sent and received in the weight-gradient all-reduces (dWo and
+  // dWq/dWk/dWv), per iteration; -1 when there are none (attention mode).
+  core::Index allreduce_send_elems = -1, allreduce_recv_elems = -1;
 };
 
 struct CheckReport {

@@ -63,11 +63,6 @@ void ensure_out_dir(const comm::Comm& comm, const std::string& dir);
 // The directory of `path` (for --report, --trace) exists and files can be created in it.
 void check_writable_file(const comm::Comm& comm, const std::string& path, const char* opt);
 
-// While partial output files exist, SIGTERM/SIGINT/SIGHUP (what Open MPI sends the surviving
-// ranks when one dies) remove them before the process ends. disarm once they are renamed or removed.
-void arm_partial_cleanup(const std::vector<std::string>& files);
-void disarm_partial_cleanup();
-
 inline double median(std::vector<double> v) {
   if (v.empty()) return 0;
   std::sort(v.begin(), v.end());
