@@ -19,6 +19,8 @@ Command add_lab_command(CLI::App& parent) {
   lab->add_flag("--skip-empty", c.skip_empty,
                 "do not return all-zero dK/dV contributions, and print the bytes saved versus the full protocol");
   lab->add_option("--inputs", c.inputs, "directory with q.npy k.npy v.npy dout.npy instead of the seed's tensors");
+  lab->add_flag("--layer", c.layer,
+                "the whole layer around the ring: q,k,v = X Wq, X Wk, X Wv, Y = O Wo, weight gradients summed over ranks");
   lab->add_option("--report", c.report, "write the JSON report (the `run` format) here");
   lab->add_option("--debug-drop-grad-step", c.drop_grad_step, "test hook: ignore one returned gradient")
       ->group("");  // hidden

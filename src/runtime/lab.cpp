@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <limits>
 #include <tuple>
@@ -17,6 +18,7 @@
 #include "ringattn/io/json.hpp"
 #include "ringattn/io/npy.hpp"
 #include "ringattn/runtime/job.hpp"
+#include "ringattn/runtime/layer.hpp"
 #include "ringattn/runtime/ring_attention.hpp"
 
 namespace ringattn::runtime {
@@ -288,7 +290,38 @@ io::Json config_json(const LabConfig& c, const LabResult& res, int N) {
   j["tile_strip"] = static_cast<std::int64_t>(kTiling.strip_rows);
   j["mask"] = res.mask.describe();
   j["traffic"] = traffic_name(res.traffic);
+  j["layer"] = res.layer.has_value();
+  if (res.layer) j["model_dim"] = static_cast<std::int64_t>(res.layer->M);
   return j;
+}
+
+// `lab --layer`: the seed's shape with a model dimension M = 2. X takes the seed's q values and
+// dY = G/5 takes dout's place; the weights are small fixed matrices. q, k, v and dout of the
+// walkthrough become X Wq, X Wk, X Wv and dY Wo^T (row-vector convention: [1, M] x [M, H*D]).
+LabLayer seed_layer(LabInputs& in) {
+  const Shape& s = in.shape;
+  LabLayer L;
+  L.M = 2;
+  const Index M = L.M, HD = s.H * s.D, KD = s.HKV * s.D, rows = s.B * s.S;
+  L.in.x = in.q;
+  L.in.dy = in.dout;
+  L.in.wq = {0.8, -0.2, 0.3, 0.9};
+  L.in.wk = {0.5, 0.4, -0.6, 0.7};
+  L.in.wv = {1.0, 0.2, -0.3, 0.8};
+  L.in.wo = {0.6, -0.4, 0.5, 0.9};
+  auto times = [&](const std::vector<double>& a, Index ac, const std::vector<double>& w, Index wc, bool w_t) {
+    std::vector<double> out(rows * wc, 0.0);  // a [rows, ac] x (w [ac, wc], or w^T with w [wc, ac])
+    for (Index r = 0; r < rows; ++r)
+      for (Index j = 0; j < wc; ++j)
+        for (Index m = 0; m < ac; ++m) out[r * wc + j] += a[r * ac + m] * (w_t ? w[j * ac + m] : w[m * wc + j]);
+    return out;
+  };
+  in.q = times(L.in.x, M, L.in.wq, HD, false);
+  in.k = times(L.in.x, M, L.in.wk, KD, false);
+  in.v = times(L.in.x, M, L.in.wv, KD, false);
+  in.dout = times(L.in.dy, M, L.in.wo, HD, true);
+  in.g.clear();  // dout is derived now, not G / 5
+  return L;
 }
 
 }  // namespace
@@ -311,7 +344,10 @@ LabResult run_lab(const comm::Comm& comm, const LabConfig& cfg) {
   const int N = comm.size(), rank = comm.rank();
   LabResult res;
   agreed(comm, [&] {
+    if (cfg.layer && !cfg.inputs.empty())
+      throw InputError("--inputs: not with --layer (the lab's layer uses its fixed X, weights and dY)");
     res.in = cfg.inputs.empty() ? seed_inputs() : read_inputs(cfg.inputs);
+    if (cfg.layer) res.layer = seed_layer(res.in);
     const Shape& s = res.in.shape;
     if (s.S > kMaxSeq || s.B * s.H * s.D > kMaxRowValues)
       throw InputError(fmt::format("lab prints every value: {} is too large (expected S <= {} and B*H*D <= {})",
@@ -344,18 +380,56 @@ LabResult run_lab(const comm::Comm& comm, const LabConfig& cfg) {
                   .timeout_s = kTimeout,
                   .traffic = res.traffic,
                   .drop_grad_step = cfg.drop_grad_step};
-  RingAttention<double> ring(comm, setup);
   Recorder rec(res.layout, rank, cfg.drop_grad_step);
-  ring.set_observer(&rec);
   const auto lq = local_slice(res.in.q, s.B, qi, res.layout, rank), lk = local_slice(res.in.k, s.B, ki, res.layout, rank),
              lv = local_slice(res.in.v, s.B, ki, res.layout, rank),
              ld = local_slice(res.in.dout, s.B, qi, res.layout, rank);
-  ring.load(lq.data(), lk.data(), lv.data(), ld.data());
-  comm.barrier();
-  const PassStats pf = ring.forward();
-  const PassStats pb = ring.backward();
   std::vector<double> o(s.B * L * qi), lse(s.B * s.H * L), dq(s.B * L * qi), dk(s.B * L * ki), dv(s.B * L * ki);
-  ring.outputs(o.data(), lse.data(), dq.data(), dk.data(), dv.data());
+  PassStats pf, pb;
+  core::Ledger ledger;
+  Index resident = 0;
+  Index allreduce_send = -1, allreduce_recv = -1;
+  if (!res.layer) {
+    RingAttention<double> ring(comm, setup);
+    ring.set_observer(&rec);
+    ring.load(lq.data(), lk.data(), lv.data(), ld.data());
+    comm.barrier();
+    pf = ring.forward();
+    pb = ring.backward();
+    ring.outputs(o.data(), lse.data(), dq.data(), dk.data(), dv.data());
+    ledger = ring.ledger();
+    resident = ring.resident_bytes();
+  } else {
+    LabLayer& ly = *res.layer;
+    const Index M = ly.M;
+    Layer<double> layer(comm, LayerSetup{.ring = setup, .M = M, .rope = std::nullopt});
+    layer.set_observer(&rec);
+    const auto lx = local_slice(ly.in.x, s.B, M, res.layout, rank), ldy = local_slice(ly.in.dy, s.B, M, res.layout, rank);
+    layer.load(lx.data(), ly.in.wq.data(), ly.in.wk.data(), ly.in.wv.data(), ly.in.wo.data(), ldy.data());
+    comm.barrier();
+    pf = layer.forward().ring;
+    const LayerStats lb = layer.backward();
+    pb = lb.ring;
+    layer.ring().outputs(o.data(), lse.data(), dq.data(), dk.data(), dv.data());
+    ledger = layer.ring().ledger();
+    resident = layer.ring().resident_bytes();
+    allreduce_send = lb.dwo.send_elems + lb.dwqkv.send_elems;
+    allreduce_recv = lb.dwo.recv_elems + lb.dwqkv.recv_elems;
+    ly.y = gather_positions(comm, std::vector<double>(layer.y().begin(), layer.y().end()), s.B, M, res.layout);
+    ly.dx = gather_positions(comm, std::vector<double>(layer.dx().begin(), layer.dx().end()), s.B, M, res.layout);
+    const std::span<const double> dw[4] = {layer.dwq(), layer.dwk(), layer.dwv(), layer.dwo()};
+    std::vector<double> mine;
+    for (int w = 0; w < 4; ++w) {
+      ly.dw[w].assign(dw[w].begin(), dw[w].end());
+      mine.insert(mine.end(), dw[w].begin(), dw[w].end());
+    }
+    // The sums must be the same bits on every rank (a fixed-order reduction, not an average).
+    const auto every = all_gather(comm, mine);
+    ly.same_bits_on_every_rank = true;
+    for (const auto& theirs : every)
+      ly.same_bits_on_every_rank = ly.same_bits_on_every_rank && theirs.size() == mine.size() &&
+                                   std::memcmp(theirs.data(), every[0].data(), mine.size() * sizeof(double)) == 0;
+  }
 
   // Outputs, events and per-rank figures to every rank.
   res.o = gather_positions(comm, o, s.B, qi, res.layout);
@@ -373,10 +447,11 @@ LabResult run_lab(const comm::Comm& comm, const LabConfig& cfg) {
 
   core::Work work = pf.work;
   work += pb.work;
-  const io::RankReport mine_report{rank,        L,        ring.ledger(), pf.total_s,           pb.total_s,
-                                   pf.compute_s + pb.compute_s, pf.wait_s + pb.wait_s, work, ring.resident_bytes(),
-                                   peak_rss_bytes()};
-  const std::vector<double> figures = io::to_row(mine_report);
+  const io::RankReport mine_report{rank,   L,    ledger, pf.total_s, pb.total_s, pf.compute_s + pb.compute_s,
+                                   pf.wait_s + pb.wait_s, work, resident, peak_rss_bytes()};
+  std::vector<double> figures = io::to_row(mine_report);
+  figures.push_back(double(allreduce_send));  // after the row: --layer's all-reduce traffic
+  figures.push_back(double(allreduce_recv));
   const auto all = all_gather(comm, figures);
 
   // The dense float64 reference, on every rank (five positions: nothing to save by splitting it).
@@ -399,9 +474,38 @@ LabResult run_lab(const comm::Comm& comm, const LabConfig& cfg) {
   ck.dv = core::max_rel_error(res.dv, res.ref.dv);
   ck.passed = ck.o <= ck.tolerance && ck.lse <= ck.tolerance && ck.dq <= ck.tolerance && ck.dk <= ck.tolerance &&
               ck.dv <= ck.tolerance;  // NaN never passes
+  if (res.layer) {
+    LabLayer& ly = *res.layer;
+    ly.ref = core::reference_layer(s, ly.M, res.mask, res.scale, std::nullopt, ly.in);
+    const std::vector<double>* got[6] = {&ly.y, &ly.dx, &ly.dw[0], &ly.dw[1], &ly.dw[2], &ly.dw[3]};
+    const std::vector<double>* want[6] = {&ly.ref.y, &ly.ref.dx, &ly.ref.dwq, &ly.ref.dwk, &ly.ref.dwv, &ly.ref.dwo};
+    for (int t = 0; t < 6; ++t) {
+      ly.err[t] = core::max_rel_error(*got[t], *want[t]);
+      ck.passed = ck.passed && ly.err[t] <= ck.tolerance;
+    }
+    ck.passed = ck.passed && ly.same_bits_on_every_rank;
+    // Each rank's partials, for the table: X_r^T dQ_r, X_r^T dK_r, X_r^T dV_r and O_r^T dY_r over
+    // its own positions (what it holds before the reduction).
+    const Index M = ly.M, HD = s.H * s.D, KD = s.HKV * s.D;
+    const std::vector<double>* left[4] = {&ly.in.x, &ly.in.x, &ly.in.x, &res.o};
+    const std::vector<double>* right[4] = {&res.dq, &res.dk, &res.dv, &ly.in.dy};
+    const Index lc[4] = {M, M, M, HD}, rc[4] = {HD, KD, KD, M};
+    for (int w = 0; w < 4; ++w)
+      for (int q = 0; q < N; ++q) {
+        std::vector<double> part(lc[w] * rc[w], 0.0);
+        for (Index b = 0; b < s.B; ++b)
+          for (Index p : res.layout.positions(q))
+            for (Index i = 0; i < lc[w]; ++i)
+              for (Index j = 0; j < rc[w]; ++j)
+                part[i * rc[w] + j] += (*left[w])[(b * s.S + p) * lc[w] + i] * (*right[w])[(b * s.S + p) * rc[w] + j];
+        ly.partial[w].push_back(std::move(part));
+      }
+  }
   rep.check = ck;
   for (int q = 0; q < N; ++q) {
-    const io::RankReport rr = io::from_row(all[q].data(), q);
+    io::RankReport rr = io::from_row(all[q].data(), q);
+    rr.allreduce_send_elems = Index(all[q][io::kRankReportFields]);
+    rr.allreduce_recv_elems = Index(all[q][io::kRankReportFields + 1]);
     rep.forward_s = std::max(rep.forward_s, rr.forward_s);
     rep.backward_s = std::max(rep.backward_s, rr.backward_s);
     rep.ranks.push_back(rr);
@@ -419,6 +523,7 @@ class TextTable {
   explicit TextTable(std::vector<std::string> header) : rows_{std::move(header)} {}
   void row(std::vector<std::string> cells) { rows_.push_back(std::move(cells)); }
   void rule() { rows_.emplace_back(); }  // a blank line between groups
+  void append(std::string cell) { rows_.back().push_back(std::move(cell)); }  // one more cell on the last row
   void print(const char* indent = "  ") const {
     std::vector<std::size_t> w(rows_.front().size(), 0);
     for (const auto& r : rows_)
@@ -464,7 +569,8 @@ void print_summary(const LabResult& res) {
   const int N = l.ranks();
   const io::CheckReport& ck = *res.report.check;
   fmt::print("ringattn lab: the seed-000 walkthrough, {} float64 on N={} ranks, dout = {}\n", s.str(), N,
-             res.in.g.empty() ? std::string("dout.npy") : fmt::format("G/{}", s.B * s.S));
+             res.layer ? fmt::format("dY Wo^T with dY = G/{}", s.B * s.S)
+             : res.in.g.empty() ? std::string("dout.npy") : fmt::format("G/{}", s.B * s.S));
   std::string owners;
   for (int r = 0; r < N; ++r) owners += fmt::format("{}rank {}: positions {}", r ? "; " : "", r, positions_of(l, r));
   auto item = [](const char* what, const std::string& text) { fmt::print("  {:<24}{}\n", what, text); };
@@ -481,8 +587,19 @@ void print_summary(const LabResult& res) {
   item("gradients vs reference", fmt::format("max |dQ - ref| {:.2e}   max |dK - ref| {:.2e}   max |dV - ref| {:.2e}",
                                              res.diff.dq, res.diff.dk, res.diff.dv));
   item("loss / reference loss", fmt::format("{:.17g} / {:.17g} (sum dout . O)", res.loss, res.ref.loss));
-  item("check", fmt::format("max relative error {:.2e} (tolerance {:.0e}): {}",
-                            std::max({ck.o, ck.lse, ck.dq, ck.dk, ck.dv}), ck.tolerance,
+  if (res.layer) {
+    const LabLayer& ly = *res.layer;
+    item("layer", fmt::format("M={}: q,k,v = X Wq, X Wk, X Wv; Y = O Wo; dout = dY Wo^T; weight gradients summed "
+                              "over ranks in rank order", ly.M));
+    item("layer vs reference", fmt::format("max rel err y {:.2e} dx {:.2e} dWq {:.2e} dWk {:.2e} dWv {:.2e} dWo {:.2e}",
+                                           ly.err[0], ly.err[1], ly.err[2], ly.err[3], ly.err[4], ly.err[5]));
+    item("", fmt::format("summed weight gradients bitwise identical on every rank: {}",
+                         ly.same_bits_on_every_rank ? "yes" : "NO"));
+  }
+  double worst = std::max({ck.o, ck.lse, ck.dq, ck.dk, ck.dv});
+  if (res.layer)
+    for (double e : res.layer->err) worst = std::max(worst, e);
+  item("check", fmt::format("max relative error {:.2e} (tolerance {:.0e}): {}", worst, ck.tolerance,
                             ck.passed ? "PASSED" : "FAILED"));
 }
 
@@ -499,7 +616,9 @@ void print_inputs(const LabResult& res) {
   const Index qi = s.H * s.D, ki = s.HKV * s.D;
   const bool g = !res.in.g.empty();
   fmt::print("\ninputs (global positions; every value the reference recomputes from){}\n",
-             g ? fmt::format(", dout = G/{}", s.B * s.S) : std::string());
+             res.layer ? std::string(" of the attention: q, k, v = X Wq, X Wk, X Wv and dout = dY Wo^T")
+             : g       ? fmt::format(", dout = G/{}", s.B * s.S)
+                       : std::string());
   std::vector<std::string> head = {"position", "rank", "q", "k", "v"};
   if (g) head.push_back("G");
   head.push_back("dout");
@@ -596,10 +715,62 @@ void print_final(const LabResult& res) {
   t.print();
 }
 
+std::string matrix(const std::vector<double>& w, Index rows, Index cols) {
+  std::string out;
+  for (Index i = 0; i < rows; ++i) {
+    if (i) out += ' ';
+    out += vec(&w[i * cols], cols);
+  }
+  return out;
+}
+
+// --layer: the weights, the layer's outputs per position and the weight gradients: each rank's
+// partial over its own positions, their sum as every rank holds it, and the reference.
+void print_layer(const LabResult& res) {
+  const LabLayer& ly = *res.layer;
+  const Shape& s = res.in.shape;
+  const Index M = ly.M, HD = s.H * s.D, KD = s.HKV * s.D;
+  fmt::print("\nlayer weights (rows of each matrix; every rank holds them whole)\n");
+  TextTable w({"Wq [M, H*D]", "Wk [M, HKV*D]", "Wv [M, HKV*D]", "Wo [H*D, M]"});
+  w.row({matrix(ly.in.wq, M, HD), matrix(ly.in.wk, M, KD), matrix(ly.in.wv, M, KD), matrix(ly.in.wo, HD, M)});
+  w.print();
+  fmt::print("\nlayer per position: x and dY in, Y = O Wo and dX = dQ Wq^T + dK Wk^T + dV Wv^T out, with the dense "
+             "float64 layer\n");
+  TextTable t({"position", "rank", "x", "dY", "Y", "reference Y", "dX", "reference dX"});
+  for (Index b = 0; b < s.B; ++b)
+    for (Index p = 0; p < s.S; ++p) {
+      const Index o = (b * s.S + p) * M;
+      t.row({s.B > 1 ? fmt::format("b{} {}", b, p) : std::to_string(p), fmt::format("r{}", res.layout.owner(p)),
+             vec(&ly.in.x[o], M), vec(&ly.in.dy[o], M), vec(&ly.y[o], M), vec(&ly.ref.y[o], M), vec(&ly.dx[o], M),
+             vec(&ly.ref.dx[o], M)});
+    }
+  t.print();
+  fmt::print("\nweight gradients: each rank's partial over its own positions, summed (not averaged: the ranks\n"
+             "split one sequence) in rank order by the all-reduce, and the reference\n");
+  const char* names[4] = {"dWq = X^T dQ", "dWk = X^T dK", "dWv = X^T dV", "dWo = O^T dY"};
+  const std::vector<double>* ref[4] = {&ly.ref.dwq, &ly.ref.dwk, &ly.ref.dwv, &ly.ref.dwo};
+  const Index rows[4] = {M, M, M, HD}, cols[4] = {HD, KD, KD, M};
+  std::vector<std::string> head = {"gradient"};
+  for (int q = 0; q < res.layout.ranks(); ++q) head.push_back(fmt::format("rank {} partial", q));
+  head.insert(head.end(), {"sum (every rank)", "reference"});
+  TextTable g(head);
+  for (int k = 0; k < 4; ++k) {
+    std::vector<std::string> row = {names[k]};
+    for (const auto& part : ly.partial[k]) row.push_back(matrix(part, rows[k], cols[k]));
+    row.push_back(matrix(ly.dw[k], rows[k], cols[k]));
+    row.push_back(matrix(*ref[k], rows[k], cols[k]));
+    g.row(row);
+  }
+  g.print();
+}
+
 void print_ledger(const LabResult& res) {
   fmt::print("\nledger per rank (elements that moved; 8 B each in float64)\n");
-  TextTable t({"rank", "positions", "send fwd KV / replay KV / grad", "recv fwd KV / replay KV / grad", "send / recv B",
-               "resident QKV / remote block / online state"});
+  std::vector<std::string> head = {"rank", "positions", "send fwd KV / replay KV / grad",
+                                   "recv fwd KV / replay KV / grad", "send / recv B",
+                                   "resident QKV / remote block / online state"};
+  if (res.layer) head.push_back("all-reduce send / recv");
+  TextTable t(head);
   Index sent = 0;
   for (const io::RankReport& r : res.report.ranks) {
     const core::Ledger& g = r.ledger;
@@ -609,14 +780,53 @@ void print_ledger(const LabResult& res) {
            fmt::format("{} / {} / {}", g.fwd_kv_recv_elems, g.replay_kv_recv_elems, g.grad_recv_elems),
            fmt::format("{} / {}", 8 * g.send_elems(), 8 * g.recv_elems()),
            fmt::format("{} / {} / {}", g.resident_qkv_elems, g.remote_block_elems, g.online_state_elems)});
+    if (res.layer) t.append(fmt::format("{} / {} elems", r.allreduce_send_elems, r.allreduce_recv_elems));
   }
   t.print();
+  if (res.layer)
+    fmt::print("  all-reduce: dWo and [dWq | dWk | dWv] as reduce-scatter (each segment summed in rank order) then\n"
+               "  all-gather; its elements are not in send / recv B, which count the ring.\n");
   fmt::print("  resident Q/K/V, the temporary remote K/V block and m/l/a are counted apart; O, LSE, gradients,\n"
              "  the compute workspace and communication buffers come on top.\n");
   if (res.traffic == core::Traffic::skip_empty_grads)
     fmt::print("  --skip-empty: {} B sent in all instead of {} B under the full protocol: {} B saved by not "
                "returning all-zero dK/dV contributions\n",
                sent, res.full_send_bytes, res.full_send_bytes - sent);
+}
+
+io::Json numbers(const std::vector<double>& v) {
+  io::Json a = io::Json::array();
+  for (double x : v) a.push_back(x);
+  return a;
+}
+
+// The `run` report; with --layer also a "layer" object: the inputs, the outputs, the errors.
+io::Json report_json(const LabResult& res) {
+  io::Json j = io::to_json(res.report);
+  if (!res.layer) return j;
+  const LabLayer& ly = *res.layer;
+  io::Json l = io::Json::object();
+  l["model_dim"] = static_cast<std::int64_t>(ly.M);
+  io::Json in = io::Json::object();
+  in["x"] = numbers(ly.in.x);
+  in["wq"] = numbers(ly.in.wq);
+  in["wk"] = numbers(ly.in.wk);
+  in["wv"] = numbers(ly.in.wv);
+  in["wo"] = numbers(ly.in.wo);
+  in["dy"] = numbers(ly.in.dy);
+  l["inputs"] = in;
+  const char* names[6] = {"y", "dx", "dwq", "dwk", "dwv", "dwo"};
+  const std::vector<double>* got[6] = {&ly.y, &ly.dx, &ly.dw[0], &ly.dw[1], &ly.dw[2], &ly.dw[3]};
+  io::Json out = io::Json::object(), err = io::Json::object();
+  for (int t = 0; t < 6; ++t) {
+    out[names[t]] = numbers(*got[t]);
+    err[names[t]] = ly.err[t];
+  }
+  l["outputs"] = out;
+  l["max_rel_err"] = err;
+  l["same_bits_on_every_rank"] = ly.same_bits_on_every_rank;
+  j["layer"] = l;
+  return j;
 }
 
 }  // namespace
@@ -633,7 +843,7 @@ int lab_job(const comm::Comm& comm, const LabConfig& cfg) {
   if (!cfg.report.empty()) {
     std::string err;
     if (comm.rank() == 0) try {
-        io::write_text_atomically(cfg.report, io::to_json(res.report).dump(2) + "\n");
+        io::write_text_atomically(cfg.report, report_json(res).dump(2) + "\n");
       } catch (const std::exception& e) {
         err = e.what();
       }
@@ -644,6 +854,7 @@ int lab_job(const comm::Comm& comm, const LabConfig& cfg) {
     print_inputs(res);
     print_events(res);
     print_final(res);
+    if (res.layer) print_layer(res);
     print_ledger(res);
   }
   return res.report.check->passed ? kExitOk : kExitCheckFailed;

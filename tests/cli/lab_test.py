@@ -174,6 +174,62 @@ def test_inputs_match_numpy():
           "shape from the files")
 
 
+def test_layer():
+    """`lab --layer`: the layer around the seed's ring, checked against numpy autograd-free math:
+    q, k, v = X Wq, X Wk, X Wv; causal attention; Y = O Wo; the backward by hand; and the
+    weight gradients summed (not averaged) over the two ranks, identical on both."""
+    import numpy as np
+    proc, rep = lab(2, "--layer")
+    check(proc.returncode == 0 and rep is not None, f"--layer: exit 0 ({proc.stderr.strip()})")
+    if rep is None:
+        return
+    for title in TABLES + ["layer weights", "layer per position", "weight gradients: each rank's partial"]:
+        check(title in proc.stdout, f"prints '{title}'")
+    ly = rep.get("layer", {})
+    check(rep["config"].get("layer") is True and ly.get("model_dim") == 2, "config says layer, M=2")
+    i = {k: np.array(v, dtype=np.float64) for k, v in ly.get("inputs", {}).items()}
+    if set(i) != {"x", "wq", "wk", "wv", "wo", "dy"}:
+        check(False, f"report carries the layer's inputs ({sorted(i)})")
+        return
+    S, M, D = 5, 2, 2
+    x, dy = i["x"].reshape(S, M), i["dy"].reshape(S, M)
+    wq, wk, wv, wo = (i[k].reshape(2, 2) for k in ("wq", "wk", "wv", "wo"))
+    q, k, v = x @ wq, x @ wk, x @ wv
+    s = q @ k.T / np.sqrt(D)
+    s = np.where(np.tril(np.ones((S, S), bool)), s, -np.inf)
+    p = np.exp(s - s.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    o = p @ v
+    y = o @ wo
+    do = dy @ wo.T
+    dp = do @ v.T
+    ds = p * (dp - (dp * p).sum(-1, keepdims=True)) / np.sqrt(D)
+    dq, dk, dv = ds @ k, ds.T @ q, p.T @ do
+    want = {"y": y, "dx": dq @ wq.T + dk @ wk.T + dv @ wv.T, "dwq": x.T @ dq, "dwk": x.T @ dk, "dwv": x.T @ dv,
+            "dwo": o.T @ dy}
+    out = ly.get("outputs", {})
+    for name, w in want.items():
+        got = np.array(out.get(name, []), dtype=np.float64)
+        ok = got.size == w.size and np.max(np.abs(got - w.ravel())) <= EXACT * max(1.0, np.max(np.abs(w)))
+        check(ok, f"{name} matches numpy (max |diff| "
+                  f"{np.max(np.abs(got - w.ravel())) if got.size == w.size else 'shape mismatch'})")
+    # averaging instead of summing would give half: make sure the numbers could tell
+    check(np.max(np.abs(want["dwq"])) > 10 * EXACT, "dWq is not ~0 (a halved sum would be caught)")
+    check(ly.get("same_bits_on_every_rank") is True, "summed weight gradients are the same bits on both ranks")
+    check(rep["check"]["passed"] is True, "the lab's own check passed")
+    # all-reduce ledger: reduce-scatter then all-gather of dWo (4 elems) and [dWq|dWk|dWv] (12).
+    # With N=2 a rank sends the other's segment (n - own), then its own summed segment: n each.
+    want_send = 4 + 12
+    for r, rr in enumerate(rep["ranks"]):
+        led = rr["ledger"]
+        check(led.get("allreduce_send_elems") == want_send and led.get("allreduce_recv_elems") == want_send,
+              f"rank {r}: all-reduce sent/received {led.get('allreduce_send_elems')}/"
+              f"{led.get('allreduce_recv_elems')} elems = {want_send}")
+        check(led["send_bytes"] == SEED_LEDGER[r]["send_bytes"], f"rank {r}: ring bytes are the seed's")
+    p2 = ringattn(2, "lab", "--layer", "--inputs", "/nonexistent")
+    check(p2.returncode == 2 and "--inputs" in p2.stderr, "--layer with --inputs: exit 2 naming --inputs")
+
+
 def main():
     global ARGS
     ap = argparse.ArgumentParser()

@@ -5,10 +5,12 @@
 // that performed it (through RingObserver) and gathered, with the outputs, the dense float64
 // reference and every rank's ledger, so the walkthrough and the seed experiments
 // (tests/mpi/seed_experiments_test.cpp) read the same numbers.
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "ringattn/comm/comm.hpp"
+#include "ringattn/core/layer_reference.hpp"
 #include "ringattn/core/layout.hpp"
 #include "ringattn/core/mask.hpp"
 #include "ringattn/core/reference.hpp"
@@ -27,6 +29,10 @@ struct LabConfig {
   std::string inputs;       // directory with q.npy k.npy v.npy dout.npy; empty = the seed's tensors
   std::string report;       // JSON report file (the `run` format); empty = none
   int drop_grad_step = -1;  // test hook, see RingSetup
+  // The whole layer around the same ring (issue 8): fixed X [1, 5, 2] and weights; q, k, v and
+  // dout become X Wq, X Wk, X Wv and dY Wo^T, and the walkthrough adds the layer's outputs, each
+  // rank's weight-gradient partials, their fixed-order sum and the all-reduce's traffic.
+  bool layer = false;
 };
 
 // Global float64 tensors in file order: q, dout [B, S, H, D]; k, v [B, S, HKV, D].
@@ -62,6 +68,18 @@ struct LabDiffs {
   double o = 0, lse = 0, dq = 0, dk = 0, dv = 0;
 };
 
+// `lab --layer`: the layer's inputs, outputs and weight gradients, with the dense reference.
+struct LabLayer {
+  Index M = 0;
+  core::LayerTensors in;    // x, dy [B, S, M]; wq [M, H*D], wk, wv [M, HKV*D], wo [H*D, M]
+  core::LayerResult ref;    // the dense float64 layer
+  std::vector<double> y, dx;                      // gathered [B, S, M]
+  std::vector<double> dw[4];                      // dWq, dWk, dWv, dWo as rank 0 holds them
+  std::vector<std::vector<double>> partial[4];    // [rank]: X_r^T dQ_r, X_r^T dK_r, X_r^T dV_r, O_r^T dY_r
+  bool same_bits_on_every_rank = false;           // every rank's summed gradients, byte for byte
+  double err[6] = {};                             // max relative error: y, dx, dwq, dwk, dwv, dwo
+};
+
 // Everything the walkthrough shows; run_lab returns it whole on every rank.
 struct LabResult {
   LabInputs in;
@@ -78,6 +96,7 @@ struct LabResult {
   std::vector<LabEvent> events;  // in table order: by pass and step, each rank's work then its receipts
   io::Report report;             // the `run` report: config, loss, time, check, per-rank ledger
   Index full_send_bytes = 0;     // what every rank together would send under Traffic::full
+  std::optional<LabLayer> layer;  // --layer
 };
 
 // Collective. Throws InputError (the same on every rank) on bad options or files.

@@ -62,6 +62,7 @@ class Layer {
   std::span<const T> dwv() const { return {dw_.data() + M_ * (HD_ + KD_), size_t(M_ * KD_)}; }
   std::span<const T> dwo() const { return dwo_; }
   const RingAttention<T>& ring() const { return ring_; }
+  void set_observer(RingObserver<T>* obs) { ring_.set_observer(obs); }  // sees the ring's events
   Index local_size() const { return L_; }
 
  private:
