@@ -5,31 +5,22 @@
 
 Each test runs real mpirun jobs and exits 0 when every assertion holds, 1 otherwise.
 """
-import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
 
 import numpy as np
 
-ARGS = None
-FAILURES = []
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from harness import check, main, run  # noqa: E402
 
 
-def check(cond, what):
-    print(("ok   " if cond else "FAIL ") + what)
-    if not cond:
-        FAILURES.append(what)
+ARGS = None  # set by harness.main
 
 
 def ringattn(n, *args, timeout=300):
-    env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
-               OMPI_MCA_rmaps_base_oversubscribe="1", OMPI_MCA_mpi_yield_when_idle="1")
-    cmd = [ARGS.mpirun, "-np", str(n), ARGS.binary, *map(str, args)]
-    p = subprocess.run(cmd, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=timeout)
-    return p
+    return run([ARGS.mpirun, "-np", n, ARGS.binary, *args], timeout=timeout)
 
 
 def expected_ledger(sizes, B, HKV, D, H, r, traffic="full", causal=True):
@@ -227,21 +218,5 @@ def test_balance_and_window():
                   f"causal ring's {recv(full)}")
 
 
-def main():
-    global ARGS
-    ap = argparse.ArgumentParser()
-    ap.add_argument("name")
-    ap.add_argument("--binary", required=True)
-    ap.add_argument("--mpirun", default="mpirun")
-    ARGS = ap.parse_args()
-    fn = globals().get("test_" + ARGS.name)
-    if fn is None:
-        print(f"unknown test {ARGS.name}", file=sys.stderr)
-        return 2
-    fn()
-    print(f"{ARGS.name}: {'FAILED' if FAILURES else 'passed'} ({len(FAILURES)} failed checks)")
-    return 1 if FAILURES else 0
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(globals()))

@@ -7,15 +7,15 @@ Each test runs real mpirun jobs and exits 0 when every assertion holds, 1 otherw
 The expected numbers are the seed's (five positions, D=2, float64, causal, rank 0 owns 0,1 and
 rank 1 owns 2,3,4): K and V of one position are 4 elements of 8 B.
 """
-import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
 
-ARGS = None
-FAILURES = []
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from harness import check, main, run  # noqa: E402
+
+ARGS = None  # set by harness.main
 
 # The seed's ledger (rank 0, rank 1): elements that moved, per pass and direction, and memory.
 SEED_LEDGER = [
@@ -36,17 +36,8 @@ RUN_CONFIG_KEYS = ["seq", "batch", "heads", "kv_heads", "head_dim", "dtype", "ca
                    "timeout", "traffic"]
 
 
-def check(cond, what):
-    print(("ok   " if cond else "FAIL ") + what)
-    if not cond:
-        FAILURES.append(what)
-
-
 def ringattn(n, *args, timeout=120):
-    env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
-               OMPI_MCA_rmaps_base_oversubscribe="1", OMPI_MCA_mpi_yield_when_idle="1")
-    cmd = [ARGS.mpirun, "-np", str(n), ARGS.binary, *map(str, args)]
-    return subprocess.run(cmd, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=timeout)
+    return run([ARGS.mpirun, "-np", n, ARGS.binary, *args], timeout=timeout)
 
 
 def lab(n, *args):
@@ -230,21 +221,5 @@ def test_layer():
     check(p2.returncode == 2 and "--inputs" in p2.stderr, "--layer with --inputs: exit 2 naming --inputs")
 
 
-def main():
-    global ARGS
-    ap = argparse.ArgumentParser()
-    ap.add_argument("name")
-    ap.add_argument("--binary", required=True)
-    ap.add_argument("--mpirun", default="mpirun")
-    ARGS = ap.parse_args()
-    fn = globals().get("test_" + ARGS.name)
-    if fn is None:
-        print(f"unknown test {ARGS.name}", file=sys.stderr)
-        return 2
-    fn()
-    print(f"{ARGS.name}: {'FAILED' if FAILURES else 'passed'} ({len(FAILURES)} failed checks)")
-    return 1 if FAILURES else 0
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(globals()))

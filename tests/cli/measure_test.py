@@ -7,7 +7,6 @@
 Exits 0 when every assertion holds, 1 otherwise, 77 (ctest SKIP) when matplotlib is missing.
 Needs only the Python standard library (and matplotlib for the plot test).
 """
-import argparse
 import csv
 import json
 import math
@@ -16,26 +15,15 @@ import subprocess
 import sys
 import tempfile
 
-ARGS = None
-FAILURES = []
-ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
-           OMPI_MCA_rmaps_base_oversubscribe="1", OMPI_MCA_mpi_yield_when_idle="1")
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from harness import check, env, main, run  # noqa: E402
 
-
-def check(cond, what):
-    print(("ok   " if cond else "FAIL ") + what)
-    if not cond:
-        FAILURES.append(what)
+ARGS = None  # set by harness.main
 
 
 def close(got, want, rel, what):
     ok = got is not None and abs(got - want) <= rel * abs(want)
     check(ok, f"{what}: {got} vs {want} (within {rel:.0%})")
-
-
-def run(cmd, timeout=120):
-    return subprocess.run([str(c) for c in cmd], env=ENV, stdin=subprocess.DEVNULL, capture_output=True, text=True,
-                          timeout=timeout)
 
 
 def plan(*args):
@@ -160,11 +148,11 @@ def test_sweep_plot():
         sys.exit(77)
     with tempfile.TemporaryDirectory() as d:
         out = f"{d}/s.csv"
-        env = dict(ENV, RINGATTN_BUILD=os.path.dirname(ARGS.binary))
+        sweep_env = dict(env(), RINGATTN_BUILD=os.path.dirname(ARGS.binary))
         p = subprocess.run(["bash", f"{ARGS.root}/scripts/sweep.sh", "--ranks", "1 2", "--seqs", "256 512",
                             "--layouts", "contiguous zigzag", "--masks", "none causal", "--heads", "4",
                             "--kv-heads", "2", "--head-dim", "16", "--no-probe", "--out", out],
-                           env=env, capture_output=True, text=True, timeout=300)
+                           env=sweep_env, capture_output=True, text=True, timeout=300)
         check(p.returncode == 0, f"sweep.sh exit 0 ({p.stderr.strip()[-400:]})")
         rows = list(csv.DictReader(open(out))) if os.path.exists(out) else []
         # N=1: one layout; N=2: two; x 2 sizes x 2 masks
@@ -192,22 +180,6 @@ def test_sweep_plot():
             check(ok, f"{k} chart is a PNG")
 
 
-def main():
-    global ARGS
-    ap = argparse.ArgumentParser()
-    ap.add_argument("name")
-    ap.add_argument("--binary", required=True)
-    ap.add_argument("--mpirun", default="mpirun")
-    ap.add_argument("--root", default=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-    ARGS = ap.parse_args()
-    fn = globals().get("test_" + ARGS.name)
-    if fn is None:
-        print(f"unknown test {ARGS.name}", file=sys.stderr)
-        return 2
-    fn()
-    print(f"{ARGS.name}: {'FAILED' if FAILURES else 'passed'} ({len(FAILURES)} failed checks)")
-    return 1 if FAILURES else 0
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(globals(), lambda ap: ap.add_argument(
+        "--root", default=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))))

@@ -14,16 +14,17 @@
 #include "ringattn/core/inputs.hpp"
 #include "ringattn/core/layer_reference.hpp"
 #include "ringattn/runtime/layer.hpp"
+#include "mpi_test_util.hpp"
 
 using namespace ringattn;
 using namespace ringattn::core;
 
 namespace {
 
-const comm::Comm& world() {
-  static const comm::Comm c = comm::Comm::world();
-  return c;
-}
+using test_util::global_input;
+using test_util::local_slice;
+using test_util::world;
+constexpr std::uint64_t kSeed = 23;  // the inputs of every case
 
 struct LayerCase {
   std::string name;
@@ -45,27 +46,6 @@ struct LayerRun {
   std::vector<T> dw;                   // dwq | dwk | dwv | dwo, this rank's copy
   runtime::LayerStats bwd;
 };
-
-// Global tensor from the seed times `scale`, rounded to T as the ranks see it.
-template <class T>
-std::vector<double> global_input(InputTensor id, Index rows, Index cols, double scale) {
-  std::vector<double> g(rows * cols);
-  const Run all{0, 0, rows};
-  generate_positions<double>(23, id, 1, rows, cols, {&all, 1}, rows, g.data());
-  for (double& x : g) x = static_cast<double>(static_cast<T>(x * scale));
-  return g;
-}
-
-template <class T>
-std::vector<T> local_slice(const std::vector<double>& g, Index B, Index M, const Layout& l, int r) {
-  const Index L = l.size(r), S = l.seq();
-  auto pos = l.positions(r);
-  std::vector<T> x(B * L * M);
-  for (Index b = 0; b < B; ++b)
-    for (Index i = 0; i < L; ++i)
-      for (Index e = 0; e < M; ++e) x[(b * L + i) * M + e] = static_cast<T>(g[(b * S + pos[i]) * M + e]);
-  return x;
-}
 
 double max_abs(const std::vector<double>& v) {
   double m = 0;
@@ -99,12 +79,12 @@ LayerRun<T> run_layer(const LayerCase& c, Hooks hooks = {}) {
   const Mask mask = Mask::make(s.S, c.causal, 0, {});
   const double scale = 1.0 / std::sqrt(double(s.D));
   const double wscale = 1.0 / std::sqrt(double(M));
-  LayerTensors g{global_input<T>(InputTensor::x, s.B * s.S, M, 1.0),
-                 global_input<T>(InputTensor::wq, M, HD, wscale),
-                 global_input<T>(InputTensor::wk, M, KD, wscale),
-                 global_input<T>(InputTensor::wv, M, KD, wscale),
-                 global_input<T>(InputTensor::wo, HD, M, 1.0 / std::sqrt(double(HD))),
-                 global_input<T>(InputTensor::dy, s.B * s.S, M, 1.0)};
+  LayerTensors g{global_input<T>(kSeed, InputTensor::x, 1, s.B * s.S, M, 1.0),
+                 global_input<T>(kSeed, InputTensor::wq, 1, M, HD, wscale),
+                 global_input<T>(kSeed, InputTensor::wk, 1, M, KD, wscale),
+                 global_input<T>(kSeed, InputTensor::wv, 1, M, KD, wscale),
+                 global_input<T>(kSeed, InputTensor::wo, 1, HD, M, 1.0 / std::sqrt(double(HD))),
+                 global_input<T>(kSeed, InputTensor::dy, 1, s.B * s.S, M, 1.0)};
   const LayerResult ref = reference_layer(s, M, mask, scale, c.rope, g);
 
   runtime::LayerSetup setup;

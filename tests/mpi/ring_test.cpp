@@ -11,16 +11,17 @@
 #include "ringattn/core/inputs.hpp"
 #include "ringattn/core/reference.hpp"
 #include "ringattn/runtime/ring_attention.hpp"
+#include "mpi_test_util.hpp"
 
 using namespace ringattn;
 using namespace ringattn::core;
 
 namespace {
 
-const comm::Comm& world() {
-  static const comm::Comm c = comm::Comm::world();
-  return c;
-}
+using test_util::global_input;
+using test_util::local_slice;
+using test_util::world;
+constexpr std::uint64_t kSeed = 17;  // the inputs of every case
 
 struct Case {
   std::string name;
@@ -45,27 +46,6 @@ struct RingRun {
   Errors err;
   std::vector<T> dk, dv;  // local, for reproducibility checks
 };
-
-// Global tensor [outer, S, inner] from the seed, rounded to T as the ranks see it.
-template <class T>
-std::vector<double> global_input(InputTensor id, Index outer, Index S, Index inner) {
-  std::vector<double> g(outer * S * inner);
-  const Run all{0, 0, S};
-  generate_positions<double>(17, id, outer, S, inner, {&all, 1}, S, g.data());
-  for (double& x : g) x = static_cast<double>(static_cast<T>(x));
-  return g;
-}
-
-template <class T>
-std::vector<T> local_slice(const std::vector<double>& g, Index outer, Index inner, const Layout& l, int r) {
-  const Index L = l.size(r), S = l.seq();
-  auto pos = l.positions(r);
-  std::vector<T> x(outer * L * inner);
-  for (Index a = 0; a < outer; ++a)
-    for (Index i = 0; i < L; ++i)
-      for (Index e = 0; e < inner; ++e) x[(a * L + i) * inner + e] = static_cast<T>(g[(a * S + pos[i]) * inner + e]);
-  return x;
-}
 
 // Max relative error over all ranks of a local tensor against its global reference.
 template <class T>
@@ -95,8 +75,10 @@ RingRun<T> run_ring(const Case& c, int drop_grad_step = -1, Traffic traffic = Tr
   const Mask mask = Mask::make(s.S, c.causal, c.window, c.docs);
   const double scale = 1.0 / std::sqrt(double(s.D));
   const Index qi = s.H * s.D, ki = s.HKV * s.D;
-  const auto q = global_input<T>(InputTensor::q, s.B, s.S, qi), k = global_input<T>(InputTensor::k, s.B, s.S, ki),
-             v = global_input<T>(InputTensor::v, s.B, s.S, ki), dout = global_input<T>(InputTensor::dout, s.B, s.S, qi);
+  const auto q = global_input<T>(kSeed, InputTensor::q, s.B, s.S, qi),
+             k = global_input<T>(kSeed, InputTensor::k, s.B, s.S, ki),
+             v = global_input<T>(kSeed, InputTensor::v, s.B, s.S, ki),
+             dout = global_input<T>(kSeed, InputTensor::dout, s.B, s.S, qi);
   const DenseResult ref = reference_attention(s, mask, scale, q, k, v, dout);
 
   runtime::RingSetup setup{.shape = s,

@@ -28,10 +28,11 @@ import time
 
 import numpy as np
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from harness import MPI_ENV  # noqa: E402
+
 CASE_TIMEOUT_S = 30
 RANK_ADDRESS_SPACE = 4 << 30
-MPI_ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
-           "OMPI_MCA_rmaps_base_oversubscribe": "1", "OMPI_MCA_mpi_yield_when_idle": "1"}
 
 # The shape every valid input set has: B=1, S=16, H=2, HKV=2, D=4 (q, dout [B,S,H,D]; k, v [B,S,HKV,D]).
 B, S, H, HKV, D = 1, 16, 2, 2, 4

@@ -23,8 +23,9 @@ import sys
 import tempfile
 import time
 
-MPI_ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
-           "OMPI_MCA_rmaps_base_oversubscribe": "1"}
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from harness import MPI_ENV  # noqa: E402
+
 END_WITHIN_S = 15
 ARGS = None
 FAILURES = []

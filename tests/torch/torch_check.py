@@ -24,14 +24,11 @@ import tempfile
 import numpy as np
 import torch
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from harness import MPI_ENV  # noqa: E402
+
 TOLERANCE = {"f32": 3e-4, "f64": 1e-10}
 NUMPY_DTYPE = {"f32": np.dtype("<f4"), "f64": np.dtype("<f8")}
-MPI_ENV = {
-    "OMPI_ALLOW_RUN_AS_ROOT": "1",
-    "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
-    "OMPI_MCA_rmaps_base_oversubscribe": "1",
-    "OMPI_MCA_mpi_yield_when_idle": "1",
-}
 
 
 def int_list(text):

@@ -1,0 +1,55 @@
+"""What the end-to-end test scripts share (tests/cli, tests/robust, tests/torch).
+
+MPI_ENV is what Open MPI needs on a 2-core machine run as root: permission to run as root, more
+ranks than cores, and yielding while idle so oversubscribed ranks do not starve each other.
+check() records one named assertion; main() runs `test_NAME` of the calling script, given as the
+first argument, and turns the recorded failures into the exit code (0 passed, 1 failed, 2 usage).
+
+Scripts import it with their parent directory on sys.path:
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+"""
+import argparse
+import os
+import subprocess
+import sys
+
+MPI_ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
+           "OMPI_MCA_rmaps_base_oversubscribe": "1", "OMPI_MCA_mpi_yield_when_idle": "1"}
+FAILURES = []
+
+
+def env():
+    """This process's environment plus MPI_ENV."""
+    return dict(os.environ, **MPI_ENV)
+
+
+def run(cmd, timeout=120):
+    """Runs cmd (items converted with str) with MPI_ENV, no stdin, output captured as text."""
+    return subprocess.run([str(c) for c in cmd], env=env(), stdin=subprocess.DEVNULL, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def check(cond, what):
+    print(("ok   " if cond else "FAIL ") + what)
+    if not cond:
+        FAILURES.append(what)
+
+
+def main(namespace, add_arguments=None):
+    """Parses NAME --binary PATH [--mpirun EXE] (plus what add_arguments adds), stores the result as
+    namespace["ARGS"] and runs namespace["test_" + NAME]. Returns the exit code."""
+    ap = argparse.ArgumentParser()
+    ap.add_argument("name")
+    ap.add_argument("--binary", required=True)
+    ap.add_argument("--mpirun", default="mpirun")
+    if add_arguments:
+        add_arguments(ap)
+    args = ap.parse_args()
+    namespace["ARGS"] = args
+    fn = namespace.get("test_" + args.name)
+    if fn is None:
+        print(f"unknown test {args.name}", file=sys.stderr)
+        return 2
+    fn()
+    print(f"{args.name}: {'FAILED' if FAILURES else 'passed'} ({len(FAILURES)} failed checks)")
+    return 1 if FAILURES else 0
