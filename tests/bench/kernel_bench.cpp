@@ -1,6 +1,7 @@
 // Block kernel throughput against the Eigen GEMM rate measured on the same shapes in the same
 // run. One core (Eigen is built single-threaded). Flops as FlashAttention counts them:
-// forward 4*L*L*D, backward 2.5x that; GEMM 2*M*N*K.
+// forward 4*L*L*D, backward 2.5x that; GEMM 2*M*N*K. Each kernel's yardstick is the same GEMMs
+// it does, on the same tiles, without the softmax: BM_GemmForwardTiles and BM_GemmBackwardTiles.
 //
 //   build/tests/bench/kernel_bench --benchmark_min_time=2 --benchmark_repetitions=3
 //       --benchmark_report_aggregates_only=true
@@ -58,6 +59,56 @@ void BM_GemmTiles(benchmark::State& st) {
       }
   }
   st.counters["GFLOP/s"] = benchmark::Counter(2.0 * L * L * D, benchmark::Counter::kIsIterationInvariantRate,
+                                              benchmark::Counter::kIs1000);
+}
+
+// The GEMMs of the forward kernel alone, on its tiles: S = Q K^T (tq x D by D x tk) and
+// A += S V (tq x tk by tk x D), the softmax left out. 4*L*L*D flops, as the forward counts.
+template <class T>
+void BM_GemmForwardTiles(benchmark::State& st) {
+  const Index L = st.range(0), D = st.range(1), TQ = st.range(2), TK = st.range(3);
+  auto q = randn<T>(L * D, 1), k = randn<T>(L * D, 2), v = randn<T>(L * D, 3);
+  AlignedVector<T> s(TQ * TK), a(L * D);
+  for (auto _ : st) {
+    for (Index r0 = 0; r0 < L; r0 += TQ) {
+      Eigen::Map<Mat<T>> A(a.data() + r0 * D, TQ, D);
+      for (Index c0 = 0; c0 < L; c0 += TK) {
+        Eigen::Map<const Mat<T>> Q(q.data() + r0 * D, TQ, D), K(k.data() + c0 * D, TK, D), V(v.data() + c0 * D, TK, D);
+        Eigen::Map<Mat<T>> S(s.data(), TQ, TK);
+        S.noalias() = Q * K.transpose();
+        A.noalias() += S * V;
+      }
+    }
+    benchmark::DoNotOptimize(a.data());
+  }
+  st.counters["GFLOP/s"] = benchmark::Counter(4.0 * L * L * D, benchmark::Counter::kIsIterationInvariantRate,
+                                              benchmark::Counter::kIs1000);
+}
+
+// The five GEMMs of the backward kernel alone, in its loop order (K/V tile outer): P = Q K^T,
+// dV += P^T dO, dP = dO V^T, dQ += dS K, dK += dS^T Q. 10*L*L*D flops, as the backward counts.
+template <class T>
+void BM_GemmBackwardTiles(benchmark::State& st) {
+  const Index L = st.range(0), D = st.range(1), TQ = st.range(2), TK = st.range(3);
+  auto q = randn<T>(L * D, 1), k = randn<T>(L * D, 2), v = randn<T>(L * D, 3), o = randn<T>(L * D, 4);
+  AlignedVector<T> p(TQ * TK), ds(TQ * TK), dq(L * D), dk(L * D), dv(L * D);
+  for (auto _ : st) {
+    for (Index c0 = 0; c0 < L; c0 += TK) {
+      Eigen::Map<const Mat<T>> K(k.data() + c0 * D, TK, D), V(v.data() + c0 * D, TK, D);
+      Eigen::Map<Mat<T>> dK(dk.data() + c0 * D, TK, D), dV(dv.data() + c0 * D, TK, D);
+      for (Index r0 = 0; r0 < L; r0 += TQ) {
+        Eigen::Map<const Mat<T>> Q(q.data() + r0 * D, TQ, D), dO(o.data() + r0 * D, TQ, D);
+        Eigen::Map<Mat<T>> dQ(dq.data() + r0 * D, TQ, D), P(p.data(), TQ, TK), dS(ds.data(), TQ, TK);
+        P.noalias() = Q * K.transpose();
+        dV.noalias() += P.transpose() * dO;
+        dS.noalias() = dO * V.transpose();
+        dQ.noalias() += dS * K;
+        dK.noalias() += dS.transpose() * Q;
+      }
+    }
+    benchmark::DoNotOptimize(dk.data());
+  }
+  st.counters["GFLOP/s"] = benchmark::Counter(10.0 * L * L * D, benchmark::Counter::kIsIterationInvariantRate,
                                               benchmark::Counter::kIs1000);
 }
 
@@ -130,6 +181,8 @@ void BM_BlockBackward(benchmark::State& st) {
 
 BENCHMARK(BM_GemmQK<float>)->Args({4096, 64})->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_GemmTiles<float>)->Args({4096, 64, 128, 256})->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_GemmForwardTiles<float>)->Args({4096, 64, 128, 256})->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_GemmBackwardTiles<float>)->Args({4096, 64, 128, 256})->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_BlockForward)
     ->Args({4096, 64, 128, 256})
     ->Args({4096, 64, 64, 256})
