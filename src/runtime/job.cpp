@@ -304,10 +304,35 @@ double max_abs_finite(const std::vector<double>& v) {
 
 template <class T>
 io::CheckReport run_check(const comm::Comm& comm, const JobConfig& c, const Plan& p, const Outputs<T>& out) {
+  // Rank 0 alone builds the global float64 inputs and the dense reference, the whole O(S^2) cost
+  // of a check; every rank sends it its outputs, padded to the largest shard, and rank 0
+  // broadcasts the errors. Failures on rank 0 are agreed, so no rank waits in a collective.
   const Shape& s = p.shape;
-  const auto specs = input_specs(s);
-  std::vector<double> g[4];
+  const int r = comm.rank(), N = comm.size();
+  const Index qi = s.H * s.D, ki = s.HKV * s.D, Lmax = p.layout.max_size();
+  struct Tensor {
+    const std::vector<T>* local;
+    Index outer, inner;
+  };
+  std::vector<Tensor> tensors = {{&out.o, s.B, qi}, {&out.lse, s.B * s.H, 1}};
+  if (c.backward) tensors.insert(tensors.end(), {{&out.dq, s.B, qi}, {&out.dk, s.B, ki}, {&out.dv, s.B, ki}});
+  std::vector<std::vector<double>> gathered;
+  for (const Tensor& t : tensors) {
+    const Index L = p.layout.size(r);
+    std::vector<double> pad(t.outer * Lmax * t.inner, 0.0);
+    for (Index a = 0; a < t.outer; ++a)
+      for (Index i = 0; i < L; ++i)
+        for (Index e = 0; e < t.inner; ++e)
+          pad[(a * Lmax + i) * t.inner + e] = static_cast<double>((*t.local)[(a * L + i) * t.inner + e]);
+    gathered.push_back(comm.gather(pad));  // rank 0: N x [outer, Lmax, inner]
+  }
+
+  // [o, lse, dq, dk, dv] relative errors, NaN where not computed
+  std::vector<double> err(5, std::numeric_limits<double>::quiet_NaN());
   agreed(comm, [&] {
+    if (r != 0) return;
+    const auto specs = input_specs(s);
+    std::vector<double> g[4];
     for (int t = 0; t < 4; ++t) {
       if (!c.inputs.empty()) {
         if (t == 3 && !p.have_dout) g[t].assign(s.B * s.S * s.H * s.D, 0.0);
@@ -321,27 +346,35 @@ io::CheckReport run_check(const comm::Comm& comm, const JobConfig& c, const Plan
           for (double& x : g[t]) x = static_cast<double>(static_cast<float>(x));
       }
     }
+    const core::DenseResult ref =
+        c.rope ? core::reference_attention_rope(s, p.mask, p.scale, *c.rope, g[0], g[1], g[2], g[3], c.backward)
+               : core::reference_attention(s, p.mask, p.scale, g[0], g[1], g[2], g[3], c.backward);
+    const std::vector<double>* refs[5] = {&ref.o, &ref.lse, &ref.dq, &ref.dk, &ref.dv};
+    for (std::size_t k = 0; k < tensors.size(); ++k) {
+      const Tensor& t = tensors[k];
+      const Index chunk = t.outer * Lmax * t.inner;
+      double diff = 0;
+      for (int q = 0; q < N; ++q) {
+        const Index L = p.layout.size(q);
+        std::vector<double> mine(t.outer * L * t.inner);
+        for (Index a = 0; a < t.outer; ++a)
+          for (Index i = 0; i < L; ++i)
+            for (Index e = 0; e < t.inner; ++e)
+              mine[(a * L + i) * t.inner + e] = gathered[k][q * chunk + (a * Lmax + i) * t.inner + e];
+        diff = std::max(diff, local_max_diff(mine, *refs[k], t.outer, t.inner, p.layout, q));
+      }
+      const double scale = max_abs_finite(*refs[k]);
+      err[k] = scale < 1e-300 ? diff : diff / scale;
+    }
   });
-  const core::DenseResult ref =
-      c.rope ? core::reference_attention_rope(s, p.mask, p.scale, *c.rope, g[0], g[1], g[2], g[3], c.backward)
-             : core::reference_attention(s, p.mask, p.scale, g[0], g[1], g[2], g[3], c.backward);
-  const int r = comm.rank();
-  const Index qi = s.H * s.D, ki = s.HKV * s.D;
-  std::vector<double> diff = {local_max_diff(out.o, ref.o, s.B, qi, p.layout, r),
-                              local_max_diff(out.lse, ref.lse, s.B * s.H, 1, p.layout, r),
-                              c.backward ? local_max_diff(out.dq, ref.dq, s.B, qi, p.layout, r) : 0.0,
-                              c.backward ? local_max_diff(out.dk, ref.dk, s.B, ki, p.layout, r) : 0.0,
-                              c.backward ? local_max_diff(out.dv, ref.dv, s.B, ki, p.layout, r) : 0.0};
-  comm.max_inplace(diff);
-  auto rel = [](double d, double scale) { return scale < 1e-300 ? d : d / scale; };
+  comm.broadcast(err, 0);
   io::CheckReport cr;
   cr.tolerance = check_tolerance(p.dtype);
-  const double nan = std::numeric_limits<double>::quiet_NaN();
-  cr.o = rel(diff[0], max_abs_finite(ref.o));
-  cr.lse = rel(diff[1], max_abs_finite(ref.lse));
-  cr.dq = c.backward ? rel(diff[2], max_abs_finite(ref.dq)) : nan;
-  cr.dk = c.backward ? rel(diff[3], max_abs_finite(ref.dk)) : nan;
-  cr.dv = c.backward ? rel(diff[4], max_abs_finite(ref.dv)) : nan;
+  cr.o = err[0];
+  cr.lse = err[1];
+  cr.dq = err[2];
+  cr.dk = err[3];
+  cr.dv = err[4];
   const double tol = cr.tolerance;  // NaN or inf never passes
   cr.passed = cr.o <= tol && cr.lse <= tol && (!c.backward || (cr.dq <= tol && cr.dk <= tol && cr.dv <= tol));
   return cr;
