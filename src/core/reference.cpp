@@ -1,14 +1,16 @@
 #include "ringattn/core/reference.hpp"
 
+#include <Eigen/Core>
+
 #include <algorithm>
 #include <cmath>
 #include <limits>
 
 namespace ringattn::core {
 
-DenseResult reference_attention(const Shape& s, const Mask& mask, double scale, const std::vector<double>& q,
-                                const std::vector<double>& k, const std::vector<double>& v,
-                                const std::vector<double>& dout, bool backward) {
+DenseResult reference_attention_loops(const Shape& s, const Mask& mask, double scale, const std::vector<double>& q,
+                                      const std::vector<double>& k, const std::vector<double>& v,
+                                      const std::vector<double>& dout, bool backward) {
   const Index B = s.B, S = s.S, H = s.H, HKV = s.HKV, D = s.D, G = s.G();
   const double ninf = -std::numeric_limits<double>::infinity();
   auto qi = [&](Index b, Index i, Index h) { return ((b * S + i) * H + h) * D; };
@@ -68,6 +70,78 @@ DenseResult reference_attention(const Shape& s, const Mask& mask, double scale, 
       }
     }
   }
+  return r;
+}
+
+// The same definition with GEMMs: for each batch b and query head h, blocks of R query rows
+// against all S keys of kv head h / G. Rows and keys are strided views of the [B, S, heads, D]
+// tensors, so nothing is reshuffled.
+DenseResult reference_attention(const Shape& s, const Mask& mask, double scale, const std::vector<double>& q,
+                                const std::vector<double>& k, const std::vector<double>& v,
+                                const std::vector<double>& dout, bool backward) {
+  using Mat = Eigen::Matrix<double, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+  using Rows = Eigen::Map<const Mat, 0, Eigen::OuterStride<>>;
+  using MutRows = Eigen::Map<Mat, 0, Eigen::OuterStride<>>;
+  const Index B = s.B, S = s.S, H = s.H, HKV = s.HKV, D = s.D, G = s.G();
+  const double ninf = -std::numeric_limits<double>::infinity();
+  constexpr Index R = 256;
+  DenseResult r;
+  r.o.assign(B * S * H * D, 0.0);
+  r.lse.assign(B * H * S, ninf);
+  if (backward) {
+    r.dq.assign(q.size(), 0.0);
+    r.dk.assign(k.size(), 0.0);
+    r.dv.assign(v.size(), 0.0);
+  }
+  if (S == 0) return r;
+  Mat P(std::min(R, S), S), dS(std::min(R, S), S);
+  const Eigen::OuterStride<> qs(H * D), ks(HKV * D);
+  for (Index b = 0; b < B; ++b)
+    for (Index h = 0; h < H; ++h) {
+      const Index g = h / G;  // repeat_interleave: query head h reads kv head h / G
+      const Rows K(&k[(b * S * HKV + g) * D], S, D, ks), V(&v[(b * S * HKV + g) * D], S, D, ks);
+      for (Index i0 = 0; i0 < S; i0 += R) {
+        const Index n = std::min(R, S - i0);
+        const Rows Q(&q[((b * S + i0) * H + h) * D], n, D, qs), dO(&dout[((b * S + i0) * H + h) * D], n, D, qs);
+        MutRows O(&r.o[((b * S + i0) * H + h) * D], n, D, qs);
+        auto p = P.topRows(n);
+        p.noalias() = scale * (Q * K.transpose());
+        std::vector<bool> seen(n, false);
+        for (Index i = 0; i < n; ++i) {
+          double mx = ninf;
+          for (Index j = 0; j < S; ++j) {
+            if (!mask.visible(i0 + i, j)) p(i, j) = ninf;
+            else mx = std::max(mx, p(i, j));
+          }
+          if (mx == ninf) {  // no visible key: O = 0, LSE = -inf, no gradient
+            p.row(i).setZero();
+            continue;
+          }
+          seen[i] = true;
+          double sum = 0;
+          for (Index j = 0; j < S; ++j) sum += p(i, j) == ninf ? 0.0 : std::exp(p(i, j) - mx);
+          const double lse = mx + std::log(sum);
+          r.lse[(b * H + h) * S + i0 + i] = lse;
+          for (Index j = 0; j < S; ++j) p(i, j) = p(i, j) == ninf ? 0.0 : std::exp(p(i, j) - lse);
+        }
+        O.noalias() = p * V;
+        r.loss += (dO.array() * O.array()).sum();
+        if (!backward) continue;
+        // dP = dO V^T; dS = P o (dP - D_i), D_i = dO_i . O_i; rows that saw nothing have P = 0
+        auto ds = dS.topRows(n);
+        ds.noalias() = dO * V.transpose();
+        const Eigen::VectorXd Di = (dO.array() * O.array()).rowwise().sum();
+        for (Index i = 0; i < n; ++i) {
+          if (seen[i]) ds.row(i).array() = p.row(i).array() * (ds.row(i).array() - Di(i));
+          else ds.row(i).setZero();
+        }
+        MutRows dQ(&r.dq[((b * S + i0) * H + h) * D], n, D, qs);
+        MutRows dK(&r.dk[(b * S * HKV + g) * D], S, D, ks), dV(&r.dv[(b * S * HKV + g) * D], S, D, ks);
+        dQ.noalias() = scale * (ds * K);
+        dK.noalias() += scale * (ds.transpose() * Q);
+        dV.noalias() += p.transpose() * dO;
+      }
+    }
   return r;
 }
 

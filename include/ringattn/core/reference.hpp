@@ -1,8 +1,12 @@
 #pragma once
 // Dense float64 reference attention over whole (global) tensors, forward and backward.
-// Written independently of the block kernels: two-pass softmax per row, plain loops, O(S^2).
-// Only --check and the tests use it.
+// Written independently of the block kernels: each query row's softmax over all S keys at once
+// (max, then exp and sum), no online rescaling, no tiles. Only --check and the tests use it.
 //   q, dout, o, dq [B, S, H, D];  k, v, dk, dv [B, S, HKV, D];  lse [B, H, S]
+//
+// reference_attention_loops is the definition: plain loops over (b, h, i, j, d), as slow as that
+// sounds (about 9 s at S=2048, H=4, D=64). reference_attention computes the same in float64
+// with GEMMs over blocks of query rows (memory O(rows x S)); unit tests hold it to the loops.
 #include <vector>
 
 #include "ringattn/core/mask.hpp"
@@ -17,6 +21,9 @@ struct DenseResult {
 DenseResult reference_attention(const Shape& s, const Mask& mask, double scale, const std::vector<double>& q,
                                 const std::vector<double>& k, const std::vector<double>& v,
                                 const std::vector<double>& dout, bool backward = true);
+DenseResult reference_attention_loops(const Shape& s, const Mask& mask, double scale, const std::vector<double>& q,
+                                      const std::vector<double>& k, const std::vector<double>& v,
+                                      const std::vector<double>& dout, bool backward = true);
 
 // max |x - ref| / max |ref| over the entries; -inf must match -inf exactly (else +inf error),
 // NaN anywhere gives +inf. max |ref| below 1e-300 falls back to the absolute error.
