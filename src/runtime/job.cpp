@@ -74,6 +74,45 @@ RingOptions ring_options(const JobConfig& c, const core::Shape& s, int N) {
   return o;
 }
 
+io::Json run_config_json(const JobConfig& c, const core::Shape& shape, core::DType dtype, const core::Mask& mask,
+                         const core::Layout& layout, double scale, int N) {
+  io::Json j = io::Json::object();
+  j["ranks"] = N;
+  j["seq"] = static_cast<std::int64_t>(shape.S);
+  j["batch"] = static_cast<std::int64_t>(shape.B);
+  j["heads"] = static_cast<std::int64_t>(shape.H);
+  j["kv_heads"] = static_cast<std::int64_t>(shape.HKV);
+  j["head_dim"] = static_cast<std::int64_t>(shape.D);
+  j["dtype"] = core::dtype_name(dtype);
+  j["causal"] = mask.causal();
+  j["window"] = static_cast<std::int64_t>(c.window);
+  io::Json docs = io::Json::array();
+  for (Index n : c.doc_lens) docs.push_back(static_cast<std::int64_t>(n));
+  j["doc_lens"] = docs;
+  j["layout"] = core::layout_name(layout.kind());
+  io::Json part = io::Json::array();
+  for (Index n : layout.sizes()) part.push_back(static_cast<std::int64_t>(n));
+  j["partition"] = part;
+  j["scale"] = scale;
+  j["seed"] = static_cast<std::int64_t>(c.seed);
+  j["inputs"] = c.inputs;
+  j["out"] = c.out;
+  j["check"] = c.check;
+  j["report"] = c.report;
+  j["trace"] = c.trace;
+  j["backward"] = c.backward;
+  j["warmup"] = c.warmup;
+  j["iters"] = c.iters;
+  j["timeout"] = c.timeout;
+  j["tile_q"] = static_cast<std::int64_t>(c.tiling.q_rows);
+  j["tile_k"] = static_cast<std::int64_t>(c.tiling.k_cols);
+  j["tile_strip"] = static_cast<std::int64_t>(c.tiling.strip_rows);
+  j["mask"] = mask.describe();
+  j["traffic"] = c.traffic;
+  j["rope"] = c.rope ? io::Json(*c.rope) : io::Json();
+  return j;
+}
+
 Index peak_rss_bytes() {
   rusage ru{};
   getrusage(RUSAGE_SELF, &ru);
@@ -401,41 +440,7 @@ std::vector<typename StagedOutputs<T>::File> output_files(const JobConfig& c, co
 }
 
 io::Json config_json(const JobConfig& c, const Plan& p, int N) {
-  io::Json j = io::Json::object();
-  j["ranks"] = N;
-  j["seq"] = static_cast<std::int64_t>(p.shape.S);
-  j["batch"] = static_cast<std::int64_t>(p.shape.B);
-  j["heads"] = static_cast<std::int64_t>(p.shape.H);
-  j["kv_heads"] = static_cast<std::int64_t>(p.shape.HKV);
-  j["head_dim"] = static_cast<std::int64_t>(p.shape.D);
-  j["dtype"] = core::dtype_name(p.dtype);
-  j["causal"] = p.mask.causal();
-  j["window"] = static_cast<std::int64_t>(c.window);
-  io::Json docs = io::Json::array();
-  for (Index n : c.doc_lens) docs.push_back(static_cast<std::int64_t>(n));
-  j["doc_lens"] = docs;
-  j["layout"] = core::layout_name(p.layout.kind());
-  io::Json part = io::Json::array();
-  for (Index n : p.layout.sizes()) part.push_back(static_cast<std::int64_t>(n));
-  j["partition"] = part;
-  j["scale"] = p.scale;
-  j["seed"] = static_cast<std::int64_t>(c.seed);
-  j["inputs"] = c.inputs;
-  j["out"] = c.out;
-  j["check"] = c.check;
-  j["report"] = c.report;
-  j["trace"] = c.trace;
-  j["backward"] = c.backward;
-  j["warmup"] = c.warmup;
-  j["iters"] = c.iters;
-  j["timeout"] = c.timeout;
-  j["tile_q"] = static_cast<std::int64_t>(c.tiling.q_rows);
-  j["tile_k"] = static_cast<std::int64_t>(c.tiling.k_cols);
-  j["tile_strip"] = static_cast<std::int64_t>(c.tiling.strip_rows);
-  j["mask"] = p.mask.describe();
-  j["traffic"] = c.traffic;
-  j["rope"] = c.rope ? io::Json(*c.rope) : io::Json();
-  return j;
+  return run_config_json(c, p.shape, p.dtype, p.mask, p.layout, p.scale, N);
 }
 
 std::string human_bytes(double b) {

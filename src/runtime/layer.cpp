@@ -533,42 +533,10 @@ std::vector<typename StagedOutputs<T>::File> output_files(const LayerConfig& lc,
 }
 
 io::Json config_json(const LayerConfig& lc, const LayerPlan& p, int N) {
-  const JobConfig& c = lc.job;
-  io::Json j = io::Json::object();
+  io::Json j = run_config_json(lc.job, p.shape, p.dtype, p.mask, p.layout, p.scale, N);
   j["layer"] = true;
-  j["ranks"] = N;
-  j["seq"] = static_cast<std::int64_t>(p.shape.S);
-  j["batch"] = static_cast<std::int64_t>(p.shape.B);
-  j["heads"] = static_cast<std::int64_t>(p.shape.H);
-  j["kv_heads"] = static_cast<std::int64_t>(p.shape.HKV);
-  j["head_dim"] = static_cast<std::int64_t>(p.shape.D);
   j["model_dim"] = static_cast<std::int64_t>(p.M);
   j["rope"] = lc.rope ? io::Json(*lc.rope) : io::Json();
-  j["dtype"] = core::dtype_name(p.dtype);
-  j["causal"] = p.mask.causal();
-  j["window"] = static_cast<std::int64_t>(c.window);
-  io::Json docs = io::Json::array();
-  for (Index n : c.doc_lens) docs.push_back(static_cast<std::int64_t>(n));
-  j["doc_lens"] = docs;
-  j["layout"] = core::layout_name(p.layout.kind());
-  io::Json part = io::Json::array();
-  for (Index n : p.layout.sizes()) part.push_back(static_cast<std::int64_t>(n));
-  j["partition"] = part;
-  j["scale"] = p.scale;
-  j["seed"] = static_cast<std::int64_t>(c.seed);
-  j["inputs"] = c.inputs;
-  j["out"] = c.out;
-  j["check"] = c.check;
-  j["report"] = c.report;
-  j["backward"] = c.backward;
-  j["warmup"] = c.warmup;
-  j["iters"] = c.iters;
-  j["timeout"] = c.timeout;
-  j["tile_q"] = static_cast<std::int64_t>(c.tiling.q_rows);
-  j["tile_k"] = static_cast<std::int64_t>(c.tiling.k_cols);
-  j["tile_strip"] = static_cast<std::int64_t>(c.tiling.strip_rows);
-  j["mask"] = p.mask.describe();
-  j["traffic"] = c.traffic;
   return j;
 }
 

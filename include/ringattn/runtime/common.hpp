@@ -11,6 +11,7 @@
 #include "ringattn/core/mask.hpp"
 #include "ringattn/core/ring_plan.hpp"
 #include "ringattn/core/shape.hpp"
+#include "ringattn/io/json.hpp"
 #include "ringattn/runtime/job.hpp"
 
 namespace ringattn::runtime {
@@ -52,6 +53,11 @@ struct RingOptions {
   double scale = 1;
 };
 RingOptions ring_options(const JobConfig& c, const core::Shape& s, int N);
+
+// The report's "config": every `run` option with the values the job used (DESIGN.md keys, plus
+// tile_q, tile_k, tile_strip, mask, traffic and rope).
+io::Json run_config_json(const JobConfig& c, const core::Shape& shape, core::DType dtype, const core::Mask& mask,
+                         const core::Layout& layout, double scale, int N);
 
 // High-water mark of this process's resident memory in bytes.
 core::Index peak_rss_bytes();
