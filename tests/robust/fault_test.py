@@ -12,6 +12,8 @@
   kill_during_write   the same, but the kill lands while the outputs are being written (as soon
                       as the first temporary file appears in --out): nothing may be left, not even
                       a hidden partial file.
+  kill_during_layer_write  the same for `run --layer` (kill of rank 0), whose outputs are staged
+                      by the same code.
 Exits 0 when every assertion holds, 1 otherwise.
 """
 import argparse
@@ -142,12 +144,12 @@ LONG_JOB = ["--seq", 16384]
 SHORT_JOB = ["--seq", 4096]
 
 
-def kill_test(victim, when):
+def kill_test(victim, when, job=None):
     n = 2
     with tempfile.TemporaryDirectory() as d:
         out = os.path.join(d, "out")
         os.makedirs(out)
-        p = start(n, *(LONG_JOB if when == "compute" else SHORT_JOB), "--out", out)
+        p = start(n, *(job or (LONG_JOB if when == "compute" else SHORT_JOB)), "--out", out)
         t0 = time.monotonic()
         ranks = rank_pids(p.pid, n, t0 + 20)
         check(len(ranks) == n, f"found the {n} rank processes under mpirun: {ranks}")
@@ -190,6 +192,11 @@ def test_kill_rank0_compute():
 
 def test_kill_during_write():
     kill_test(1, "write")
+
+
+def test_kill_during_layer_write():
+    """--layer stages y, dx, the weight gradients and the generated inputs the same way."""
+    kill_test(0, "write", ["--layer", "--model-dim", 256, "--seq", 4096])
 
 
 def main():
