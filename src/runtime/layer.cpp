@@ -37,13 +37,23 @@ using CMat = Eigen::Map<const RowMat<T>>;
 template <class T>
 class ReduceProgress : public RingObserver<T> {
  public:
-  explicit ReduceProgress(comm::OrderedAllreduce<T>& red) : red_(red) {}
-  void replay_block(int, int, const core::Packing&, const T*, const T*) override { red_.test(); }
-  void grad_sent(int, int, core::Index) override { red_.test(); }
-  void grad_received(int, int, core::Index) override { red_.test(); }
+  ReduceProgress(comm::OrderedAllreduce<T>& red, RingObserver<T>* next) : red_(red), next_(next) {}
+  void replay_block(int step, int owner, const core::Packing& pk, const T* dk, const T* dv) override {
+    red_.test();
+    if (next_) next_->replay_block(step, owner, pk, dk, dv);
+  }
+  void grad_sent(int step, int to, core::Index elems) override {
+    red_.test();
+    if (next_) next_->grad_sent(step, to, elems);
+  }
+  void grad_received(int step, int from, core::Index elems) override {
+    red_.test();
+    if (next_) next_->grad_received(step, from, elems);
+  }
 
  private:
   comm::OrderedAllreduce<T>& red_;
+  RingObserver<T>* next_;  // the caller's observer (Layer::set_observer), which sees every event too
 };
 
 }  // namespace
@@ -162,10 +172,10 @@ LayerStats Layer<T>::backward() {
   red_dwo_.start(dwo_part_.data(), dwo_.data(), HD_ * M_);
 
   // pass 1: ring backward, progressing the dWo reduction at every step
-  ReduceProgress<T> progress(red_dwo_);
+  ReduceProgress<T> progress(red_dwo_, observer_);
   ring_.set_observer(&progress);
   st.ring = ring_.backward();
-  ring_.set_observer(nullptr);
+  ring_.set_observer(observer_);
   st.dwo_done_by_ring_end = red_dwo_.test();
   ring_.outputs(nullptr, nullptr, dq_.data(), dk_.data(), dv_.data());
 

@@ -176,6 +176,9 @@ def test_layer():
         return
     for title in TABLES + ["layer weights", "layer per position", "weight gradients: each rank's partial"]:
         check(title in proc.stdout, f"prints '{title}'")
+    # the backward of the ring is in the event table too (replays and gradient returns), as without --layer
+    for event in ("attend block", "replay block", "return dK/dV", "receive dK/dV"):
+        check(event in proc.stdout, f"the event table shows '{event}'")
     ly = rep.get("layer", {})
     check(rep["config"].get("layer") is True and ly.get("model_dim") == 2, "config says layer, M=2")
     i = {k: np.array(v, dtype=np.float64) for k, v in ly.get("inputs", {}).items()}

@@ -62,13 +62,18 @@ class Layer {
   std::span<const T> dwv() const { return {dw_.data() + M_ * (HD_ + KD_), size_t(M_ * KD_)}; }
   std::span<const T> dwo() const { return dwo_; }
   const RingAttention<T>& ring() const { return ring_; }
-  void set_observer(RingObserver<T>* obs) { ring_.set_observer(obs); }  // sees the ring's events
+  // Sees every event of the ring, forward and backward.
+  void set_observer(RingObserver<T>* obs) {
+    observer_ = obs;
+    ring_.set_observer(obs);
+  }
   Index local_size() const { return L_; }
 
  private:
   const comm::Comm& comm_;
   LayerSetup s_;
   RingAttention<T> ring_;
+  RingObserver<T>* observer_ = nullptr;
   std::optional<core::Rope> rope_;
   Index L_, BL_, M_, HD_, KD_;
   double dout_s_ = 0;  // time of dO = dY Wo^T, computed in forward() but charged to backward()
