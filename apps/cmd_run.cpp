@@ -67,8 +67,7 @@ Command add_run_command(CLI::App& parent) {
     if (run->count("--window") && cfg->window < 1)
       throw InputError(fmt::format("--window: {} is not a window (expected W >= 1)", cfg->window));
     if (layer->on)
-      return runtime::run_layer_job(*comm, runtime::LayerConfig{*cfg, layer->model_dim, cfg->rope,
-                                                                layer->average_weight_grads,
+      return runtime::run_layer_job(*comm, runtime::LayerConfig{*cfg, layer->model_dim, layer->average_weight_grads,
                                                                 layer->rope_local_positions});
     if (run->count("--model-dim")) throw InputError("--model-dim: only applies with --layer");
     return runtime::run_job(*comm, *cfg);

@@ -11,7 +11,8 @@ std::vector<double> to_row(const RankReport& r) {
           double(l.grad_recv_elems),     double(l.resident_qkv_elems),   double(l.remote_block_elems),
           double(l.online_state_elems),  r.forward_s,                    r.backward_s,
           r.compute_s,                   r.wait_s,                       double(r.work.tile_pairs),
-          r.work.flops,                  double(r.budget_bytes),         double(r.peak_rss_bytes)};
+          r.work.flops,                  double(r.budget_bytes),         double(r.peak_rss_bytes),
+          double(r.allreduce_send_elems), double(r.allreduce_recv_elems)};
 }
 
 RankReport from_row(const double* x, int rank) {
@@ -28,6 +29,8 @@ RankReport from_row(const double* x, int rank) {
   r.work = core::Work{Index(x[14]), x[15]};
   r.budget_bytes = Index(x[16]);
   r.peak_rss_bytes = Index(x[17]);
+  r.allreduce_send_elems = Index(x[18]);
+  r.allreduce_recv_elems = Index(x[19]);
   return r;
 }
 

@@ -447,12 +447,11 @@ LabResult run_lab(const comm::Comm& comm, const LabConfig& cfg) {
 
   core::Work work = pf.work;
   work += pb.work;
-  const io::RankReport mine_report{rank,   L,    ledger, pf.total_s, pb.total_s, pf.compute_s + pb.compute_s,
-                                   pf.wait_s + pb.wait_s, work, resident, peak_rss_bytes()};
-  std::vector<double> figures = io::to_row(mine_report);
-  figures.push_back(double(allreduce_send));  // after the row: --layer's all-reduce traffic
-  figures.push_back(double(allreduce_recv));
-  const auto all = all_gather(comm, figures);
+  io::RankReport mine_report{rank,   L,    ledger, pf.total_s, pb.total_s, pf.compute_s + pb.compute_s,
+                             pf.wait_s + pb.wait_s, work, resident, peak_rss_bytes()};
+  mine_report.allreduce_send_elems = allreduce_send;
+  mine_report.allreduce_recv_elems = allreduce_recv;
+  const auto all = all_gather(comm, io::to_row(mine_report));
 
   // The dense float64 reference, on every rank (five positions: nothing to save by splitting it).
   res.ref = core::reference_attention(s, res.mask, res.scale, res.in.q, res.in.k, res.in.v, res.in.dout);
@@ -503,9 +502,7 @@ LabResult run_lab(const comm::Comm& comm, const LabConfig& cfg) {
   }
   rep.check = ck;
   for (int q = 0; q < N; ++q) {
-    io::RankReport rr = io::from_row(all[q].data(), q);
-    rr.allreduce_send_elems = Index(all[q][io::kRankReportFields]);
-    rr.allreduce_recv_elems = Index(all[q][io::kRankReportFields + 1]);
+    const io::RankReport rr = io::from_row(all[q].data(), q);
     rep.forward_s = std::max(rep.forward_s, rr.forward_s);
     rep.backward_s = std::max(rep.backward_s, rr.backward_s);
     rep.ranks.push_back(rr);

@@ -354,7 +354,7 @@ LayerPlan make_plan(const comm::Comm& comm, const LayerConfig& lc) {
   const double weights = double(p.M) * double(2 * s.H + 2 * s.HKV) * s.D * 8.0 * 3;
   if (double(s.B) * s.S * s.H * s.D > 9e15 || per_rank + weights > 1e15 || double(p.M) * s.H * s.D > 2e9)
     throw InputError(fmt::format("shape {} M={} is too large to hold", s.str(), p.M));
-  if (lc.rope) core::validate_rope(*lc.rope, s.D);
+  if (lc.job.rope) core::validate_rope(*lc.job.rope, s.D);
   RingOptions ro = ring_options(c, s, comm.size());
   p.layout = std::move(ro.layout);
   p.mask = std::move(ro.mask);
@@ -489,7 +489,7 @@ LayerCheck run_check(const comm::Comm& comm, const LayerConfig& lc, const LayerP
   const bool bwd = lc.job.backward;
   core::LayerTensors g;
   agreed(comm, [&] { g = global_inputs(lc, p); });
-  const core::LayerResult ref = core::reference_layer(p.shape, p.M, p.mask, p.scale, lc.rope, g, bwd);
+  const core::LayerResult ref = core::reference_layer(p.shape, p.M, p.mask, p.scale, lc.job.rope, g, bwd);
   const int r = comm.rank();
   // Every rank checks its own positions of y and dx and its own copy of every weight gradient,
   // so a rank whose copy differs fails the check too.
@@ -546,7 +546,6 @@ io::Json config_json(const LayerConfig& lc, const LayerPlan& p, int N) {
   io::Json j = run_config_json(lc.job, p.shape, p.dtype, p.mask, p.layout, p.scale, N);
   j["layer"] = true;
   j["model_dim"] = static_cast<std::int64_t>(p.M);
-  j["rope"] = lc.rope ? io::Json(*lc.rope) : io::Json();
   return j;
 }
 
@@ -593,7 +592,7 @@ int run_typed(const comm::Comm& comm, const LayerConfig& lc, const LayerPlan& p)
   ring.stall_rank = c.stall_rank;
   ring.stall_s = c.stall_s;
   setup.M = p.M;
-  setup.rope = lc.rope;
+  setup.rope = lc.job.rope;
   setup.backward = c.backward;
   setup.average_weight_grads = lc.average_weight_grads;
   setup.rope_local_positions = lc.rope_local_positions;
@@ -648,24 +647,16 @@ int run_typed(const comm::Comm& comm, const LayerConfig& lc, const LayerPlan& p)
   const core::Ledger& lg = layer.ring().ledger();
   core::Work work = sf.ring.work;
   work += sb.ring.work;
+  // The rank's report row (io::to_row), then the layer's own figures.
   enum Fig : int {
-    kL, kLedger0, kFwd = kLedger0 + 9, kBwd, kComp, kWait, kTiles, kFlops, kBudget, kRss, kGemm, kRope, kRingBwd,
-    kDwo, kDw = kDwo + 5, kDwoByRingEnd = kDw + 5, kFigs
+    kGemm = io::kRankReportFields, kRope, kRingBwd, kDwo, kDw = kDwo + 5, kDwoByRingEnd = kDw + 5, kFigs
   };
-  std::vector<double> mine(kFigs);
-  mine[kL] = double(layer.local_size());
-  const Index ledger[9] = {lg.fwd_kv_send_elems,    lg.fwd_kv_recv_elems, lg.replay_kv_send_elems,
-                           lg.replay_kv_recv_elems, lg.grad_send_elems,   lg.grad_recv_elems,
-                           lg.resident_qkv_elems,   lg.remote_block_elems, lg.online_state_elems};
-  for (int e = 0; e < 9; ++e) mine[kLedger0 + e] = double(ledger[e]);
-  mine[kFwd] = median(fwd);
-  mine[kBwd] = median(bwd);
-  mine[kComp] = median(comp);
-  mine[kWait] = median(wait);
-  mine[kTiles] = double(work.tile_pairs);
-  mine[kFlops] = work.flops;
-  mine[kBudget] = double(layer.ring().resident_bytes());
-  mine[kRss] = double(peak_rss_bytes());
+  io::RankReport me{r,         layer.local_size(), lg,   median(fwd), median(bwd), median(comp), median(wait),
+                    work,      layer.ring().resident_bytes(), peak_rss_bytes()};
+  me.allreduce_send_elems = Index(fo.send_elems + fw.send_elems);
+  me.allreduce_recv_elems = Index(fo.recv_elems + fw.recv_elems);
+  std::vector<double> mine = io::to_row(me);
+  mine.resize(kFigs);
   mine[kGemm] = median(gemm);
   mine[kRope] = median(rope);
   mine[kRingBwd] = median(ring_bwd);
@@ -681,21 +672,7 @@ int run_typed(const comm::Comm& comm, const LayerConfig& lc, const LayerPlan& p)
   if (r == 0) {
     io::Json red_ranks = io::Json::array(), layer_ranks = io::Json::array();
     for (int q = 0; q < N; ++q) {
-      io::RankReport rr;
-      rr.rank = q;
-      rr.positions = Index(fig(q, kL));
-      Index lv[9];
-      for (int e = 0; e < 9; ++e) lv[e] = Index(fig(q, kLedger0 + e));
-      rr.ledger = core::Ledger{lv[0], lv[1], lv[2], lv[3], lv[4], lv[5], lv[6], lv[7], lv[8]};
-      rr.forward_s = fig(q, kFwd);
-      rr.backward_s = fig(q, kBwd);
-      rr.compute_s = fig(q, kComp);
-      rr.wait_s = fig(q, kWait);
-      rr.work = core::Work{Index(fig(q, kTiles)), fig(q, kFlops)};
-      rr.budget_bytes = Index(fig(q, kBudget));
-      rr.peak_rss_bytes = Index(fig(q, kRss));
-      rr.allreduce_send_elems = Index(fig(q, kDwo) + fig(q, kDw));
-      rr.allreduce_recv_elems = Index(fig(q, kDwo + 1) + fig(q, kDw + 1));
+      const io::RankReport rr = io::from_row(&all[q * kFigs], q);
       rep.ranks.push_back(rr);
       io::Json lr = io::Json::object();
       lr["rank"] = q;
@@ -751,7 +728,7 @@ int run_typed(const comm::Comm& comm, const LayerConfig& lc, const LayerPlan& p)
     }
     allreduce["ranks"] = red_ranks;
     layer_json["model_dim"] = static_cast<std::int64_t>(p.M);
-    layer_json["rope"] = lc.rope ? io::Json(*lc.rope) : io::Json();
+    layer_json["rope"] = lc.job.rope ? io::Json(*lc.job.rope) : io::Json();
     layer_json["weight_init"] = c.inputs.empty() ? "N(0,1)/sqrt(fan_in) from --seed" : "--inputs";
     layer_json["ranks"] = layer_ranks;
   }
@@ -780,7 +757,7 @@ int run_typed(const comm::Comm& comm, const LayerConfig& lc, const LayerPlan& p)
   if (r == 0) {
     const Shape& s = p.shape;
     fmt::print("ringattn run --layer: {} M={} {}{}, mask {}, layout {} over N={} ranks\n", s.str(), p.M,
-               core::dtype_name(p.dtype), lc.rope ? fmt::format(", rope {:g}", *lc.rope) : std::string(),
+               core::dtype_name(p.dtype), lc.job.rope ? fmt::format(", rope {:g}", *lc.job.rope) : std::string(),
                p.mask.describe(), core::layout_name(p.layout.kind()), N);
     fmt::print("  time (slowest rank, median of {}): forward {}  backward {}; loss {:.10g}\n", c.iters,
                ms(rep.forward_s), c.backward ? ms(rep.backward_s) : std::string("-"), loss);

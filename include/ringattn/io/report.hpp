@@ -42,7 +42,7 @@ Json to_json(const Report& r);
 
 // A RankReport as a fixed-length row of doubles (integers below 2^53 are exact), so the ranks'
 // figures travel to rank 0 in one gather.
-inline constexpr std::size_t kRankReportFields = 18;
+inline constexpr std::size_t kRankReportFields = 20;
 std::vector<double> to_row(const RankReport& r);
 RankReport from_row(const double* row, int rank);
 

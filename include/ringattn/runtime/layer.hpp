@@ -87,9 +87,8 @@ class Layer {
 // `ringattn run --layer`: every `run` option applies (shape, mask, layout, --inputs, --out,
 // --check, --report, --warmup/--iters, --timeout) except --trace.
 struct LayerConfig {
-  JobConfig job;
+  JobConfig job;                   // job.rope: RoPE base THETA
   std::optional<Index> model_dim;  // M; required unless --inputs gives it
-  std::optional<double> rope;      // THETA
   bool average_weight_grads = false;  // test hooks, see LayerSetup
   bool rope_local_positions = false;
 };
