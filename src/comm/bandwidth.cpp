@@ -10,21 +10,16 @@
 #include <string>
 
 #include "ringattn/core/errors.hpp"
+#include "mpi_util.hpp"
 
 namespace ringattn::comm {
+
+using detail::check;
 
 namespace {
 
 constexpr int kTagBandwidth = 21;
 
-void check(int rc, const char* what) {
-  if (rc != MPI_SUCCESS) {
-    char msg[MPI_MAX_ERROR_STRING];
-    int len = 0;
-    MPI_Error_string(rc, msg, &len);
-    throw RuntimeFailure(std::string(what) + ": " + std::string(msg, len));
-  }
-}
 
 // What rank `r` writes at byte i: differs between neighbours, so a message from the wrong peer or
 // a shifted one is caught.

@@ -8,19 +8,11 @@
 
 #include "ringattn/comm/comm.hpp"
 #include "ringattn/core/errors.hpp"
+#include "mpi_util.hpp"
 
 namespace ringattn::comm {
 
-namespace {
-void check(int rc, const char* what) {
-  if (rc != MPI_SUCCESS) {
-    char msg[MPI_MAX_ERROR_STRING];
-    int len = 0;
-    MPI_Error_string(rc, msg, &len);
-    throw RuntimeFailure(std::string(what) + ": " + std::string(msg, len));
-  }
-}
-}  // namespace
+using detail::check;
 
 Environment::Environment(int* argc, char*** argv) {
   int provided = 0;
@@ -167,11 +159,7 @@ double Exchange::wait(double timeout_s, core::FunctionRef<std::string()> describ
   // Watchdog: poll, and end the job if a peer never answers.
   while (!test()) {
     if (MPI_Wtime() - t0 > timeout_s) {
-      // stderr, like every other error line, and before MPI_Abort's own report.
-      std::fprintf(stderr, "ringattn: error: timeout: %s did not complete within --timeout %g s; aborting the job\n",
-                   describe().c_str(), timeout_s);
-      std::fflush(stderr);
-      abort_job(kExitRuntime);
+      detail::timeout_abort(describe(), timeout_s);
     }
   }
   return MPI_Wtime() - t0;

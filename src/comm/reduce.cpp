@@ -9,19 +9,14 @@
 #include <vector>
 
 #include "ringattn/core/errors.hpp"
+#include "mpi_util.hpp"
 
 namespace ringattn::comm {
 
+using detail::check;
+
 namespace {
 
-void check(int rc, const char* what) {
-  if (rc != MPI_SUCCESS) {
-    char msg[MPI_MAX_ERROR_STRING];
-    int len = 0;
-    MPI_Error_string(rc, msg, &len);
-    throw RuntimeFailure(std::string(what) + ": " + std::string(msg, len));
-  }
-}
 
 template <class T>
 MPI_Datatype mpi_type() {
@@ -48,9 +43,7 @@ template <class T>
 struct OrderedAllreduce<T>::Impl {
   MPI_Comm comm = MPI_COMM_NULL;
   int rank = 0, N = 1;
-  const T* partial = nullptr;
   T* total = nullptr;
-  std::int64_t n = 0;
   Phase phase = Phase::idle;
   bool waited = false;  // wait() was called for the current reduction
   MPI_Request req = MPI_REQUEST_NULL;
@@ -134,9 +127,7 @@ void OrderedAllreduce<T>::start(const T* partial, T* total, std::int64_t n) {
   Impl& m = *impl_;
   if (active()) throw RuntimeFailure("OrderedAllreduce::start: the previous reduction is still pending");
   const int N = m.N, r = m.rank;
-  m.partial = partial;
   m.total = total;
-  m.n = n;
   m.sum_s = 0;
   m.waited = false;
   m.stats = ReduceStats{};
@@ -192,9 +183,7 @@ void OrderedAllreduce<T>::wait(double timeout_s, core::FunctionRef<std::string()
   } else {
     while (!m.test()) {
       if (MPI_Wtime() - t0 > timeout_s) {
-        spdlog::error("timeout: {} did not complete within --timeout {} s; aborting the job",
-                      describe ? describe() : std::string("an ordered all-reduce"), timeout_s);
-        abort_job(kExitRuntime);
+        detail::timeout_abort(describe ? describe() : std::string("an ordered all-reduce"), timeout_s);
       }
     }
   }
