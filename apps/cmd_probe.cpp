@@ -15,6 +15,7 @@
 #include "ringattn/core/cost_model.hpp"
 #include "ringattn/core/errors.hpp"
 #include "ringattn/core/inputs.hpp"
+#include "ringattn/core/median.hpp"
 #include "ringattn/io/json.hpp"
 #include "ringattn/runtime/job.hpp"
 #include "ringattn/runtime/ring_attention.hpp"
@@ -24,6 +25,7 @@ namespace ringattn::app {
 namespace {
 
 using core::Index;
+using core::median;
 
 struct ProbeConfig {
   std::optional<Index> seq, batch, heads, kv_heads, head_dim;
@@ -49,13 +51,6 @@ struct Probe {  // everything measured and derived, as rank 0 reports it
   double exposed_wait_ratio = 0;
   int kernel_iters = 0, ring_iters = 0;
 };
-
-double median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const std::size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
 
 // Repetitions every rank agrees on: as many as fit `budget_s` after one warm-up (slowest rank),
 // at least 3, at most `iters`.

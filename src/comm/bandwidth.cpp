@@ -10,6 +10,7 @@
 #include <string>
 
 #include "ringattn/core/errors.hpp"
+#include "ringattn/core/median.hpp"
 #include "mpi_util.hpp"
 
 namespace ringattn::comm {
@@ -26,12 +27,6 @@ constexpr int kTagBandwidth = 21;
 void fill_pattern(std::vector<unsigned char>& buf, int r) {
   for (std::size_t i = 0; i < buf.size(); ++i)
     buf[i] = static_cast<unsigned char>((std::uint32_t(i) * 2654435761u >> 13) + std::uint32_t(r) * 97u);
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const std::size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
 }  // namespace
@@ -84,7 +79,7 @@ BandwidthSample ring_transfer(const Comm& comm, std::size_t bytes, int window, c
   s.bytes = bytes;
   s.window = window;
   s.iters = reps;
-  s.time_s = comm.max(median(times)) / window;
+  s.time_s = comm.max(core::median(times)) / window;
   s.gbps = s.time_s > 0 ? double(bytes) / s.time_s * 1e-9 : 0.0;
   s.wrong = static_cast<std::size_t>(comm.sum(double(wrong)));
   return s;

@@ -1,11 +1,8 @@
 #include "ringattn/runtime/job.hpp"
 
 #include <fmt/format.h>
-#include <spdlog/spdlog.h>
 #include <fcntl.h>
-#include <signal.h>
 #include <sys/resource.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -15,7 +12,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <limits>
 
 #include "ringattn/core/errors.hpp"
@@ -42,6 +38,27 @@ void shape_from_options(const JobConfig& c, core::Shape& shape, core::DType& dty
   if (c.dtype.empty() || c.dtype == "f32") dtype = core::DType::f32;
   else if (c.dtype == "f64") dtype = core::DType::f64;
   else throw InputError(fmt::format("--dtype: unknown dtype '{}' (expected f32 or f64)", c.dtype));
+}
+
+std::string path_in(const std::string& dir, const std::string& file) {
+  return (std::filesystem::path(dir) / file).string();
+}
+
+std::string shape_str(const std::vector<Index>& v) {
+  std::string s = "[";
+  for (std::size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + std::to_string(v[i]);
+  return s + "]";
+}
+
+void agree_opt(const std::optional<Index>& given, Index file, const char* opt) {
+  if (given && *given != file)
+    throw InputError(fmt::format("{} {} contradicts the input files, which give {}", opt, *given, file));
+}
+
+void check_run_options(const JobConfig& c) {
+  if (c.iters < 1) throw InputError(fmt::format("--iters: {} is not >= 1", c.iters));
+  if (c.warmup < 0) throw InputError(fmt::format("--warmup: {} is negative", c.warmup));
+  if (c.timeout < 0) throw InputError(fmt::format("--timeout: {} is negative (0 disables the watchdog)", c.timeout));
 }
 
 RingOptions ring_options(const JobConfig& c, const core::Shape& s, int N) {
@@ -151,12 +168,6 @@ std::vector<TensorSpec> input_specs(const Shape& s) {
           {"dout", core::InputTensor::dout, {s.B, s.S, s.H, s.D}, 1, s.B, s.H * s.D}};
 }
 
-std::string shape_str(const std::vector<Index>& v) {
-  std::string s = "[";
-  for (std::size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + std::to_string(v[i]);
-  return s + "]";
-}
-
 // Shape from the four input files, each fully validated and consistent with the others and with
 // any shape option the user also gave.
 void shape_from_files(const JobConfig& c, Plan& p) {
@@ -196,10 +207,6 @@ void shape_from_files(const JobConfig& c, Plan& p) {
   if (p.shape.H % p.shape.HKV != 0)
     throw InputError(fmt::format("{}: q.npy has H={} heads, not a multiple of k.npy's HKV={} (expected H % HKV == 0)",
                                  kpath, p.shape.H, p.shape.HKV));
-  auto agree_opt = [](const std::optional<Index>& given, Index file, const char* opt) {
-    if (given && *given != file)
-      throw InputError(fmt::format("{} {} contradicts the input files, which give {}", opt, *given, file));
-  };
   agree_opt(c.seq, p.shape.S, "--seq");
   agree_opt(c.batch, p.shape.B, "--batch");
   agree_opt(c.heads, p.shape.H, "--heads");
@@ -688,9 +695,7 @@ void check_writable_file(const comm::Comm& comm, const std::string& path, const 
 }
 
 int run_job(const comm::Comm& comm, const JobConfig& c) {
-  if (c.iters < 1) throw InputError(fmt::format("--iters: {} is not >= 1", c.iters));
-  if (c.warmup < 0) throw InputError(fmt::format("--warmup: {} is negative", c.warmup));
-  if (c.timeout < 0) throw InputError(fmt::format("--timeout: {} is negative (0 disables the watchdog)", c.timeout));
+  check_run_options(c);
   Plan p;
   agreed(comm, [&] { p = make_plan(comm, c); });
   if (!c.out.empty()) ensure_out_dir(comm, c.out);

@@ -3,7 +3,6 @@
 #include "ringattn/runtime/common.hpp"
 
 #include <fmt/format.h>
-#include <sys/resource.h>
 
 #include <algorithm>
 #include <cmath>
@@ -39,10 +38,8 @@ std::string join(std::span<const Index> v, const char* sep = ",") {
   return s;
 }
 
-std::string shape_str(const std::vector<Index>& v) { return "[" + join(v, ", ") + "]"; }
-
 LabInputs read_inputs(const std::string& dir) {
-  auto path = [&](const char* name) { return (std::filesystem::path(dir) / name).string(); };
+  auto path = [&](const char* name) { return path_in(dir, name); };
   const char* names[] = {"q.npy", "k.npy", "v.npy", "dout.npy"};
   io::NpyHeader h[4];
   for (int t = 0; t < 4; ++t) {
@@ -496,7 +493,6 @@ class TextTable {
  public:
   explicit TextTable(std::vector<std::string> header) : rows_{std::move(header)} {}
   void row(std::vector<std::string> cells) { rows_.push_back(std::move(cells)); }
-  void rule() { rows_.emplace_back(); }  // a blank line between groups
   void append(std::string cell) { rows_.back().push_back(std::move(cell)); }  // one more cell on the last row
   void print(const char* indent = "  ") const {
     std::vector<std::size_t> w(rows_.front().size(), 0);
@@ -814,15 +810,10 @@ int lab_job(const comm::Comm& comm, const LabConfig& cfg) {
         throw InputError(fmt::format("--report {}: directory {} does not exist", cfg.report, parent.string()));
     });
   const LabResult res = run_lab(comm, cfg);
-  if (!cfg.report.empty()) {
-    std::string err;
-    if (comm.rank() == 0) try {
-        io::write_text_atomically(cfg.report, report_json(res).dump(2) + "\n");
-      } catch (const std::exception& e) {
-        err = e.what();
-      }
-    if (auto e = comm.agree(err)) throw AgreedFailure(*e);
-  }
+  if (!cfg.report.empty())
+    agreed_runtime(comm, [&] {
+      if (comm.rank() == 0) io::write_text_atomically(cfg.report, report_json(res).dump(2) + "\n");
+    });
   if (comm.rank() == 0) {
     print_summary(res);
     print_inputs(res);

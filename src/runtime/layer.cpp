@@ -2,11 +2,9 @@
 
 #include <Eigen/Core>
 #include <fmt/format.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
-#include <cstdio>
 #include <filesystem>
 #include <limits>
 #include <numeric>
@@ -234,12 +232,6 @@ namespace {
 using core::DType;
 using core::Shape;
 
-std::string shape_str(const std::vector<Index>& v) {
-  std::string s = "[";
-  for (std::size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + std::to_string(v[i]);
-  return s + "]";
-}
-
 // The six layer tensors: x and dy are positional [B, S, M] (position axis 1); the weights are
 // not positional and every rank holds them whole.
 enum LayerFile { kX, kWq, kWk, kWv, kWo, kDy, kFiles };
@@ -276,11 +268,6 @@ struct LayerPlan {
     return positional(f) ? 1.0 : 1.0 / std::sqrt(double(M));
   }
 };
-
-void agree_opt(const std::optional<Index>& given, Index file, const char* opt) {
-  if (given && *given != file)
-    throw InputError(fmt::format("{} {} contradicts the input files, which give {}", opt, *given, file));
-}
 
 // Shape from x, wq, wk, wv, wo, dy. The weights give H*D and HKV*D; --heads or --head-dim splits them.
 void shape_from_files(const LayerConfig& lc, LayerPlan& p) {
@@ -794,9 +781,7 @@ int run_typed(const comm::Comm& comm, const LayerConfig& lc, const LayerPlan& p)
 
 int run_layer_job(const comm::Comm& comm, const LayerConfig& lc) {
   const JobConfig& c = lc.job;
-  if (c.iters < 1) throw InputError(fmt::format("--iters: {} is not >= 1", c.iters));
-  if (c.warmup < 0) throw InputError(fmt::format("--warmup: {} is negative", c.warmup));
-  if (c.timeout < 0) throw InputError(fmt::format("--timeout: {} is negative (0 disables the watchdog)", c.timeout));
+  check_run_options(c);
   if (!c.trace.empty()) throw InputError("--trace: not supported with --layer (use --report)");
   LayerPlan p;
   agreed(comm, [&] { p = make_plan(comm, lc); });

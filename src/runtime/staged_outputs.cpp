@@ -48,10 +48,6 @@ void disarm() {
 }
 }  // namespace partials
 
-std::string path_in(const std::string& dir, const std::string& file) {
-  return (std::filesystem::path(dir) / file).string();
-}
-
 template <class T>
 std::string StagedOutputs<T>::temporary(const File& f) const {
   return path_in(dir_, "." + f.name + ".npy.partial");

@@ -9,6 +9,7 @@
 #include "ringattn/core/errors.hpp"
 #include "ringattn/core/layout.hpp"
 #include "ringattn/core/mask.hpp"
+#include "ringattn/core/median.hpp"
 #include "ringattn/core/ring_plan.hpp"
 #include "ringattn/core/shape.hpp"
 #include "ringattn/io/json.hpp"
@@ -41,6 +42,16 @@ void agreed_runtime(const comm::Comm& comm, Fn&& fn) {
   if (auto e = comm.agree(err)) throw AgreedFailure(*e);
 }
 
+// DIR/FILE as a string.
+std::string path_in(const std::string& dir, const std::string& file);
+// A shape as "[2, 3]", for messages.
+std::string shape_str(const std::vector<core::Index>& v);
+
+// --iters >= 1, --warmup >= 0, --timeout >= 0 (InputError naming the option).
+void check_run_options(const JobConfig& c);
+// An option that must equal what the input files say (--seq 64 against files of 32 positions).
+void agree_opt(const std::optional<core::Index>& given, core::Index file, const char* opt);
+
 // Shape and dtype from the options alone (no input files): defaults where an option is absent.
 void shape_from_options(const JobConfig& c, core::Shape& shape, core::DType& dtype);
 
@@ -69,11 +80,6 @@ void ensure_out_dir(const comm::Comm& comm, const std::string& dir);
 // The directory of `path` (for --report, --trace) exists and files can be created in it.
 void check_writable_file(const comm::Comm& comm, const std::string& path, const char* opt);
 
-inline double median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const std::size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
+using core::median;
 
 }  // namespace ringattn::runtime

@@ -18,9 +18,6 @@
 
 namespace ringattn::runtime {
 
-// DIR/FILE as a string.
-std::string path_in(const std::string& dir, const std::string& file);
-
 template <class T>
 class StagedOutputs {
  public:
