@@ -16,6 +16,7 @@
 #include "ringattn/core/block_attention.hpp"
 #include "ringattn/core/ledger.hpp"
 #include "ringattn/runtime/lab.hpp"
+#include "mpi_test_util.hpp"
 
 using namespace ringattn;
 using namespace ringattn::core;
@@ -33,10 +34,7 @@ namespace {
 constexpr double kExact = 1e-14;
 constexpr double kBroken = 1e-3;
 
-const comm::Comm& world() {
-  static const comm::Comm c = comm::Comm::world();
-  return c;
-}
+using test_util::world;
 
 int ranks() { return world().size(); }
 

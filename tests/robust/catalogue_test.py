@@ -29,7 +29,7 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from harness import MPI_ENV  # noqa: E402
+from harness import env  # noqa: E402
 
 CASE_TIMEOUT_S = 30
 RANK_ADDRESS_SPACE = 4 << 30
@@ -278,7 +278,7 @@ def run_case(case, root, args):
     before = snapshot(d)
     cmd = [args.mpirun, "-q", "-np", str(case.np), args.binary, *argv]
     t0 = time.monotonic()
-    p = subprocess.Popen(cmd, env=dict(os.environ, **MPI_ENV), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+    p = subprocess.Popen(cmd, env=env(), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE, text=True,
                          preexec_fn=start_session(args.address_space_gib << 30))
     timed_out = False

@@ -16,7 +16,6 @@
                       by the same code.
 Exits 0 when every assertion holds, 1 otherwise.
 """
-import argparse
 import os
 import re
 import signal
@@ -26,23 +25,16 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from harness import MPI_ENV  # noqa: E402
+from harness import check, env, main  # noqa: E402
 
 END_WITHIN_S = 15
-ARGS = None
-FAILURES = []
-
-
-def check(cond, what):
-    print(("ok   " if cond else "FAIL ") + what, flush=True)
-    if not cond:
-        FAILURES.append(what)
+ARGS = None  # set by harness.main
 
 
 def start(n, *args):
     cmd = [ARGS.mpirun, "-q", "-np", str(n), ARGS.binary, "run", *map(str, args)]
     print("$ " + " ".join(cmd), flush=True)
-    return subprocess.Popen(cmd, env=dict(os.environ, **MPI_ENV), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+    return subprocess.Popen(cmd, env=env(), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
 
 
@@ -199,23 +191,5 @@ def test_kill_during_layer_write():
     kill_test(0, "write", ["--layer", "--model-dim", 256, "--seq", 4096])
 
 
-def main():
-    global ARGS
-    ap = argparse.ArgumentParser()
-    ap.add_argument("name")
-    ap.add_argument("--binary", required=True)
-    ap.add_argument("--mpirun", default="mpirun")
-    ARGS = ap.parse_args()
-    fn = globals().get("test_" + ARGS.name)
-    if fn is None:
-        print(f"unknown test {ARGS.name}", file=sys.stderr)
-        return 2
-    t0 = time.monotonic()
-    fn()
-    print(f"{ARGS.name}: {'FAILED' if FAILURES else 'passed'} ({len(FAILURES)} failed checks) "
-          f"in {time.monotonic() - t0:.1f} s")
-    return 1 if FAILURES else 0
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(globals()))
