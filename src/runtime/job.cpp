@@ -540,14 +540,14 @@ class ProgressLine {
       pass_t0_ = now;
       return;
     }
-    if (now - t0_ < 2.0) return;
-    if (!tty_ && now - last_ < 5.0 && done < steps) return;
+    // nothing for the first 2 s; then a live line on a terminal, at most one line per 5 s in a log
+    if (now - t0_ < 2.0 || (!tty_ && now - last_ < 5.0)) return;
     const double per_step = (now - pass_t0_) / done;
     const std::string line =
         fmt::format("ringattn: iteration {}/{} {} step {}/{}  elapsed {:.1f} s  pass remaining ~{:.1f} s", it_ + 1,
                     iterations_, pass == 0 ? "forward" : "backward", done, steps, now - t0_, per_step * (steps - done));
     if (tty_) fmt::print(stderr, "\r{:<100}{}", line, done == steps ? "\n" : "");
-    else if (now - last_ >= 5.0) fmt::print(stderr, "{}\n", line);
+    else fmt::print(stderr, "{}\n", line);
     std::fflush(stderr);
     last_ = now;
   }
