@@ -91,6 +91,19 @@ RingOptions ring_options(const JobConfig& c, const core::Shape& s, int N) {
   return o;
 }
 
+RingSetup ring_setup(const JobConfig& c, const core::Shape& s, const RingOptions& o) {
+  return RingSetup{.shape = s,
+                   .layout = &o.layout,
+                   .mask = &o.mask,
+                   .scale = o.scale,
+                   .tiling = c.tiling,
+                   .timeout_s = c.timeout,
+                   .traffic = o.traffic,
+                   .drop_grad_step = c.drop_grad_step,
+                   .stall_rank = c.stall_rank,
+                   .stall_s = c.stall_s};
+}
+
 io::Json run_config_json(const JobConfig& c, const core::Shape& shape, core::DType dtype, const core::Mask& mask,
                          const core::Layout& layout, double scale, int N) {
   io::Json j = io::Json::object();
@@ -150,13 +163,9 @@ struct TensorSpec {
   Index outer, inner;
 };
 
-struct Plan {
-  core::Traffic traffic = core::Traffic::aware;
+struct Plan : RingOptions {  // layout, mask, traffic, scale
   Shape shape;
   DType dtype = DType::f32;
-  core::Layout layout = core::Layout::contiguous(1, 1);
-  core::Mask mask;
-  double scale = 1;
   std::vector<io::NpyHeader> headers;  // q, k, v, dout when --inputs
   bool have_dout = true;
 };
@@ -254,11 +263,7 @@ Plan make_plan(const comm::Comm& comm, const JobConfig& c) {
   if (c.rope) core::validate_rope(*c.rope, p.shape.D);
   const Shape& s = p.shape;
   check_memory(c, p, comm.size());
-  RingOptions ro = ring_options(c, s, comm.size());
-  p.layout = std::move(ro.layout);
-  p.mask = std::move(ro.mask);
-  p.traffic = ro.traffic;
-  p.scale = ro.scale;
+  static_cast<RingOptions&>(p) = ring_options(c, s, comm.size());
   return p;
 }
 
@@ -564,16 +569,7 @@ int run_typed(const comm::Comm& comm, const JobConfig& c, const Plan& p) {
   Shard<T> in;
   agreed(comm, [&] { in = load_shard<T>(comm, c, p); });
 
-  RingSetup setup{.shape = p.shape,
-                  .layout = &p.layout,
-                  .mask = &p.mask,
-                  .scale = p.scale,
-                  .tiling = c.tiling,
-                  .timeout_s = c.timeout,
-                  .traffic = p.traffic,
-                  .drop_grad_step = c.drop_grad_step,
-                  .stall_rank = c.stall_rank,
-                  .stall_s = c.stall_s};
+  RingSetup setup = ring_setup(c, p.shape, p);
   ProgressLine progress(c.warmup + c.iters);
   if (r == 0) setup.on_step = [&progress](int pass, int done, int steps) { progress(pass, done, steps); };
   RingAttention<T> ring(comm, setup);

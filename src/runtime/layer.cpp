@@ -239,14 +239,10 @@ constexpr const char* kFileNames[kFiles] = {"x", "wq", "wk", "wv", "wo", "dy"};
 constexpr core::InputTensor kFileIds[kFiles] = {core::InputTensor::x,  core::InputTensor::wq, core::InputTensor::wk,
                                                 core::InputTensor::wv, core::InputTensor::wo, core::InputTensor::dy};
 
-struct LayerPlan {
+struct LayerPlan : RingOptions {  // layout, mask, traffic, scale
   Shape shape;
   Index M = 0;
   DType dtype = DType::f32;
-  core::Layout layout = core::Layout::contiguous(1, 1);
-  core::Mask mask;
-  double scale = 1;
-  core::Traffic traffic = core::Traffic::aware;
   io::NpyHeader headers[kFiles];
   bool have_dy = true;
 
@@ -342,11 +338,7 @@ LayerPlan make_plan(const comm::Comm& comm, const LayerConfig& lc) {
   if (double(s.B) * s.S * s.H * s.D > 9e15 || per_rank + weights > 1e15 || double(p.M) * s.H * s.D > 2e9)
     throw InputError(fmt::format("shape {} M={} is too large to hold", s.str(), p.M));
   if (lc.job.rope) core::validate_rope(*lc.job.rope, s.D);
-  RingOptions ro = ring_options(c, s, comm.size());
-  p.layout = std::move(ro.layout);
-  p.mask = std::move(ro.mask);
-  p.traffic = ro.traffic;
-  p.scale = ro.scale;
+  static_cast<RingOptions&>(p) = ring_options(c, s, comm.size());
   return p;
 }
 
@@ -567,17 +559,7 @@ int run_typed(const comm::Comm& comm, const LayerConfig& lc, const LayerPlan& p)
   agreed(comm, [&] { in = load_inputs<T>(comm, lc, p); });
 
   LayerSetup setup;
-  RingSetup& ring = setup.ring;
-  ring.shape = p.shape;
-  ring.layout = &p.layout;
-  ring.mask = &p.mask;
-  ring.scale = p.scale;
-  ring.tiling = c.tiling;
-  ring.timeout_s = c.timeout;
-  ring.traffic = p.traffic;
-  ring.drop_grad_step = c.drop_grad_step;
-  ring.stall_rank = c.stall_rank;
-  ring.stall_s = c.stall_s;
+  setup.ring = ring_setup(c, p.shape, p);
   setup.M = p.M;
   setup.rope = lc.job.rope;
   setup.backward = c.backward;

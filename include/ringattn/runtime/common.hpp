@@ -13,6 +13,7 @@
 #include "ringattn/core/ring_plan.hpp"
 #include "ringattn/core/shape.hpp"
 #include "ringattn/io/json.hpp"
+#include "ringattn/runtime/ring_attention.hpp"
 #include "ringattn/runtime/job.hpp"
 
 namespace ringattn::runtime {
@@ -64,6 +65,9 @@ struct RingOptions {
   double scale = 1;
 };
 RingOptions ring_options(const JobConfig& c, const core::Shape& s, int N);
+// The ring's setup from the options and the derived plan; it points into `o`, which must outlive
+// the ring.
+RingSetup ring_setup(const JobConfig& c, const core::Shape& s, const RingOptions& o);
 
 // The report's "config": every `run` option with the values the job used (DESIGN.md keys, plus
 // tile_q, tile_k, tile_strip, mask, traffic and rope).
