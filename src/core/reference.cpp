@@ -8,6 +8,23 @@
 
 namespace ringattn::core {
 
+namespace {
+
+// Outputs before any key is seen: O = 0, LSE = -inf, zero gradients (when asked for).
+DenseResult empty_result(const Shape& s, bool backward) {
+  DenseResult r;
+  r.o.assign(s.B * s.S * s.H * s.D, 0.0);
+  r.lse.assign(s.B * s.H * s.S, -std::numeric_limits<double>::infinity());
+  if (backward) {
+    r.dq.assign(s.B * s.S * s.H * s.D, 0.0);
+    r.dk.assign(s.B * s.S * s.HKV * s.D, 0.0);
+    r.dv.assign(s.B * s.S * s.HKV * s.D, 0.0);
+  }
+  return r;
+}
+
+}  // namespace
+
 DenseResult reference_attention_loops(const Shape& s, const Mask& mask, double scale, const std::vector<double>& q,
                                       const std::vector<double>& k, const std::vector<double>& v,
                                       const std::vector<double>& dout, bool backward) {
@@ -15,14 +32,7 @@ DenseResult reference_attention_loops(const Shape& s, const Mask& mask, double s
   const double ninf = -std::numeric_limits<double>::infinity();
   auto qi = [&](Index b, Index i, Index h) { return ((b * S + i) * H + h) * D; };
   auto kj = [&](Index b, Index j, Index g) { return ((b * S + j) * HKV + g) * D; };
-  DenseResult r;
-  r.o.assign(B * S * H * D, 0.0);
-  r.lse.assign(B * H * S, ninf);
-  if (backward) {
-    r.dq.assign(q.size(), 0.0);
-    r.dk.assign(k.size(), 0.0);
-    r.dv.assign(v.size(), 0.0);
-  }
+  DenseResult r = empty_result(s, backward);
   std::vector<double> p(S);
   for (Index b = 0; b < B; ++b) {
     for (Index h = 0; h < H; ++h) {
@@ -85,14 +95,7 @@ DenseResult reference_attention(const Shape& s, const Mask& mask, double scale, 
   const Index B = s.B, S = s.S, H = s.H, HKV = s.HKV, D = s.D, G = s.G();
   const double ninf = -std::numeric_limits<double>::infinity();
   constexpr Index R = 256;
-  DenseResult r;
-  r.o.assign(B * S * H * D, 0.0);
-  r.lse.assign(B * H * S, ninf);
-  if (backward) {
-    r.dq.assign(q.size(), 0.0);
-    r.dk.assign(k.size(), 0.0);
-    r.dv.assign(v.size(), 0.0);
-  }
+  DenseResult r = empty_result(s, backward);
   if (S == 0) return r;
   Mat P(std::min(R, S), S), dS(std::min(R, S), S);
   const Eigen::OuterStride<> qs(H * D), ks(HKV * D);
@@ -106,7 +109,6 @@ DenseResult reference_attention(const Shape& s, const Mask& mask, double scale, 
         MutRows O(&r.o[((b * S + i0) * H + h) * D], n, D, qs);
         auto p = P.topRows(n);
         p.noalias() = scale * (Q * K.transpose());
-        std::vector<bool> seen(n, false);
         for (Index i = 0; i < n; ++i) {
           double mx = ninf;
           for (Index j = 0; j < S; ++j) {
@@ -117,7 +119,6 @@ DenseResult reference_attention(const Shape& s, const Mask& mask, double scale, 
             p.row(i).setZero();
             continue;
           }
-          seen[i] = true;
           double sum = 0;
           for (Index j = 0; j < S; ++j) sum += p(i, j) == ninf ? 0.0 : std::exp(p(i, j) - mx);
           const double lse = mx + std::log(sum);
@@ -131,10 +132,7 @@ DenseResult reference_attention(const Shape& s, const Mask& mask, double scale, 
         auto ds = dS.topRows(n);
         ds.noalias() = dO * V.transpose();
         const Eigen::VectorXd Di = (dO.array() * O.array()).rowwise().sum();
-        for (Index i = 0; i < n; ++i) {
-          if (seen[i]) ds.row(i).array() = p.row(i).array() * (ds.row(i).array() - Di(i));
-          else ds.row(i).setZero();
-        }
+        ds.array() = p.array() * (ds.array().colwise() - Di.array());
         MutRows dQ(&r.dq[((b * S + i0) * H + h) * D], n, D, qs);
         MutRows dK(&r.dk[(b * S * HKV + g) * D], S, D, ks), dV(&r.dv[(b * S * HKV + g) * D], S, D, ks);
         dQ.noalias() = scale * (ds * K);

@@ -23,7 +23,6 @@ class Rope {
   // The cos/sin table of `positions` [L] (global), [L, D/2] each.
   Rope(double theta, Index D, std::span<const Index> positions);
 
-  Index head_dim() const { return D_; }
   Index positions() const { return L_; }
 
   // x [B, L, heads, D] in place: x' = R(angle) x.
