@@ -79,7 +79,7 @@ void measure_kernel(const comm::Comm& comm, const ProbeConfig& c, Probe& p) {
   core::generate_positions<T>(1, core::InputTensor::v, s.B, L, s.HKV * s.D, {&all, 1}, L, file.data());
   core::pack_heads(pk, file.data(), kv.data() + pk.kv_elems());
   std::vector<T> m(pq.row_elems()), l(pq.row_elems()), acc(pq.q_elems());
-  core::Workspace<T> ws;
+  core::Workspace<T> ws({}, s.D);  // the run's tiling and kernels
   const core::Mask none = core::Mask::none();
   const core::QueryShard<T> qs{pq, pos, q.data()};
   const core::KVBlock<T> blk{pk, pos, kv.data(), kv.data() + pk.kv_elems()};

@@ -4,10 +4,9 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <type_traits>
 
-#if defined(__AVX512F__)
-#include <immintrin.h>
-#endif
+#include "tile_kernels_avx512.hpp"
 
 namespace ringattn::core {
 namespace {
@@ -166,6 +165,18 @@ bool block_visible(const Mask& mask, std::span<const Index> qpos, std::span<cons
   return mask.classify(qpos.front(), qpos.back(), kpos.front(), kpos.back()) != TileClass::empty;
 }
 
+// Whether the forward runs on the AVX-512 tile products (f32, D a multiple of 16, a Workspace
+// with room for a transposed K tile) rather than Eigen's GEMM.
+template <class T>
+bool packed_forward(const Workspace<T>& ws, Index D) {
+#if defined(__AVX512F__)
+  if constexpr (std::is_same_v<T, float>)
+    return D % 16 == 0 && static_cast<Index>(ws.kt.size()) >= ws.tiling.k_cols * D;
+#endif
+  (void)ws, (void)D;
+  return false;
+}
+
 template <class T>
 Work block_forward(const QueryShard<T>& q, const KVBlock<T>& kv, const Mask& mask, T scale, OnlineState<T> st,
                    Workspace<T>& ws, Progress progress) {
@@ -175,6 +186,7 @@ Work block_forward(const QueryShard<T>& q, const KVBlock<T>& kv, const Mask& mas
   if (!block_visible(mask, q.pos, kv.pos)) return work;
   const Index TQ = ws.tiling.q_rows, TK = ws.tiling.k_cols;
   const T alpha = scale * Base<T>::kLog;
+  const bool packed = packed_forward(ws, D);
   for (Index b = 0; b < q.pk.B; ++b) {
     for (Index g = 0; g < q.pk.HKV; ++g) {
       const T* qg = q.q + q.pk.q_group(b, g);
@@ -183,26 +195,48 @@ Work block_forward(const QueryShard<T>& q, const KVBlock<T>& kv, const Mask& mas
       T* mg = st.m + q.pk.row_group(b, g);
       T* lg = st.l + q.pk.row_group(b, g);
       T* ag = st.acc + q.pk.q_group(b, g);
-      for (Index r0 = 0; r0 < rows; r0 += TQ) {
-        const Index tq = std::min(TQ, rows - r0);
-        Vec<T> m(mg + r0, tq), l(lg + r0, tq), c(ws.rowbuf.data(), tq);
-        for (Index c0 = 0; c0 < Lk; c0 += TK) {
-          const Tile tile{r0, tq, c0, std::min(TK, Lk - c0)};
+      // K/V tile outer, query tiles inner: each row still meets the keys in increasing order,
+      // and a K tile is transposed once for all the query tiles that see it.
+      for (Index c0 = 0; c0 < Lk; c0 += TK) {
+        const Index tk = std::min(TK, Lk - c0);
+        bool transposed = false;
+        for (Index r0 = 0; r0 < rows; r0 += TQ) {
+          const Tile tile{r0, std::min(TQ, rows - r0), c0, tk};
           const TileClass tile_cls = classify_tile(mask, q.pos, G, kv.pos, tile);
           if (tile_cls == TileClass::empty) continue;
+#if defined(__AVX512F__)
+          if constexpr (std::is_same_v<T, float>) {
+            if (packed && !transposed) avx512::transpose_keys(kg + c0 * D, tk, D, ws.kt.data(), TK);
+          }
+#endif
+          transposed = true;
+          Vec<T> m(mg + r0, tile.tq), l(lg + r0, tile.tq), c(ws.rowbuf.data(), tile.tq);
           for_each_piece(mask, q.pos, G, kv.pos, tile, tile_cls, ws.tiling.strip_rows, [&](const Tile& t, TileClass cls) {
             const Index i0 = t.r0 - r0, n = t.tq;  // the piece's rows within the query tile
-            CMap<T> Qp(qg + t.r0 * D, n, D), Kp(kg + t.c0 * D, t.tk, D), Vp(vg + t.c0 * D, t.tk, D);
-            MMap<T> Ap(ag + t.r0 * D, n, D);
+            const T* Qp = qg + t.r0 * D;
+            const T* Vp = vg + t.c0 * D;
+            T* Ap = ag + t.r0 * D;
             MMap<T> S(ws.s.data(), n, t.tk);
-            // pass 1: scores S = scale Q K^T (in base units), invisible pairs -inf
-            S.noalias() = alpha * (Qp * Kp.transpose());
+            T* rmax = ws.rowmax.data();
+            // pass 1: scores S = scale Q K^T (in base units), invisible pairs -inf; row maxima
+            bool have_max = false;
+#if defined(__AVX512F__)
+            if constexpr (std::is_same_v<T, float>) {
+              if (packed) {
+                avx512::scores(Qp, n, D, ws.kt.data() + (t.c0 - c0), TK, t.tk, alpha, S.data(), t.tk, rmax);
+                have_max = cls != TileClass::partial;
+              }
+            }
+#endif
+            if (!packed) S.noalias() = alpha * (CMap<T>(Qp, n, D) * CMap<T>(kg + t.c0 * D, t.tk, D).transpose());
             if (cls == TileClass::partial) apply_mask(S, mask, q.pos, G, kv.pos, t);
+            if (!have_max)
+              for (Index i = 0; i < n; ++i) rmax[i] = S.row(i).maxCoeff();
             // pass 2: running max, rescale factor c = e^(m - m'), P = e^(S - m'), exp-sum
             auto cp = c.segment(i0, n);
             for (Index i = 0; i < n; ++i) {
               T& mi = m[i0 + i];
-              const T m_new = std::max(mi, S.row(i).maxCoeff());
+              const T m_new = std::max(mi, rmax[i]);
               if (m_new == kNegInf<T>) {  // nothing visible yet: keep P = 0, state untouched
                 S.row(i).setZero();
                 cp[i] = T(1);
@@ -214,8 +248,16 @@ Work block_forward(const QueryShard<T>& q, const KVBlock<T>& kv, const Mask& mas
               mi = m_new;
             }
             // pass 3: a' = c a + P V (once the running max settles, c = 1 and the rescale is skipped)
-            if ((cp != T(1)).any()) Ap.array().colwise() *= cp.array();
-            Ap.noalias() += S * Vp;
+#if defined(__AVX512F__)
+            if constexpr (std::is_same_v<T, float>) {
+              if (packed) avx512::accumulate(S.data(), n, t.tk, Vp, D, t.tk, cp.data(), Ap);
+            }
+#endif
+            if (!packed) {
+              MMap<T> A(Ap, n, D);
+              if ((cp != T(1)).any()) A.array().colwise() *= cp.array();
+              A.noalias() += S * CMap<T>(Vp, t.tk, D);
+            }
             work.flops += 4.0 * double(n) * double(t.tk) * double(D);
           });
           ++work.tile_pairs;

@@ -22,7 +22,7 @@ RingAttention<T>::RingAttention(const comm::Comm& comm, const RingSetup& setup)
       plan_(*setup.layout, *setup.mask, setup.traffic),
       r_(comm.rank()),
       N_(comm.size()),
-      ws_(setup.tiling) {
+      ws_(setup.tiling, setup.shape.D) {
   const core::Shape& sh = s_.shape;
   L_ = s_.layout->size(r_);
   pq_ = core::Packing{sh.B, sh.HKV, sh.G(), L_, sh.D};
@@ -56,7 +56,8 @@ template <class T>
 Index RingAttention<T>::resident_bytes() const {
   Index elems = 0;
   for (const auto* v : {&q_, &kv_own_, &dout_, &m_, &l_, &acc_, &delta_, &dq_, &dkv_own_, &kv_buf_[0], &kv_buf_[1],
-                        &grad_send_[0], &grad_send_[1], &grad_recv_[0], &grad_recv_[1], &ws_.s, &ws_.p, &ws_.rowbuf})
+                        &grad_send_[0], &grad_send_[1], &grad_recv_[0], &grad_recv_[1], &ws_.s, &ws_.p, &ws_.rowbuf,
+                        &ws_.rowmax, &ws_.kt})
     elems += static_cast<Index>(v->size());
   return elems * static_cast<Index>(sizeof(T));
 }

@@ -140,7 +140,7 @@ Problem make_problem(Index L, Index D) {
 void BM_BlockForward(benchmark::State& st) {
   const Index L = st.range(0), D = st.range(1);
   Problem p = make_problem(L, D);
-  Workspace<float> ws(Tiling{st.range(2), st.range(3)});
+  Workspace<float> ws(Tiling{st.range(2), st.range(3)}, D);
   const QueryShard<float> qs{p.pq, p.pos, p.q.data()};
   const KVBlock<float> kv{p.pk, p.pos, p.k.data(), p.v.data()};
   const Mask none;
@@ -158,7 +158,7 @@ void BM_BlockForward(benchmark::State& st) {
 void BM_BlockBackward(benchmark::State& st) {
   const Index L = st.range(0), D = st.range(1);
   Problem p = make_problem(L, D);
-  Workspace<float> ws(Tiling{st.range(2), st.range(3)});
+  Workspace<float> ws(Tiling{st.range(2), st.range(3)}, D);
   const QueryShard<float> qs{p.pq, p.pos, p.q.data()};
   const KVBlock<float> kv{p.pk, p.pos, p.k.data(), p.v.data()};
   const Mask none;

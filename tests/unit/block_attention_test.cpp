@@ -88,7 +88,7 @@ DenseResult simulate_ring(const Global& g, const Layout& l, const Mask& mask, do
     const Packing pk{s.B, s.HKV, 1, l.size(o), s.D};
     return KVBlock<T>{pk, l.positions(o), kv[o].data(), kv[o].data() + pk.kv_elems()};
   };
-  Workspace<T> ws(tiling);
+  Workspace<T> ws(tiling, s.D);  // with D: float takes the AVX-512 forward where it applies
   // contributions[r][j]: rank r's contribution to block (r - j) mod N
   std::vector<std::vector<std::vector<T>>> contrib(N, std::vector<std::vector<T>>(N));
   for (int r = 0; r < N; ++r) {
@@ -155,11 +155,29 @@ std::vector<Case> cases() {
   };
 }
 
+// Shapes for the f32 AVX-512 forward (D a multiple of 16): every column count of its 64-column
+// chunks (16..64, then 80 and 144 past one chunk), query tiles that leave 1..7 rows after the
+// 8-row and 6-row blocks, key tiles and trimmed strips that leave 1..31 keys after 32, and
+// partial tiles of every mask.
+std::vector<Case> packed_cases() {
+  const Index S = 83;
+  return {
+      {"d16_full_odd_tiles", Shape{1, S, 2, 2, 16}, Layout::contiguous(S, 2), Mask::none(), {13, 37}},
+      {"d32_causal_zigzag_gqa", Shape{1, S, 4, 2, 32}, Layout::zigzag(S, 3), Mask::make(S, true, 0, {}), {19, 41, 5}},
+      {"d48_causal_striped", Shape{2, S, 2, 1, 48}, Layout::striped(S, 2), Mask::make(S, true, 0, {}), {11, 50, 3}},
+      {"d64_default_tiles", Shape{1, S, 2, 2, 64}, Layout::contiguous(S, 2), Mask::make(S, true, 0, {}), {}},
+      {"d64_window_documents", Shape{1, S, 3, 1, 64}, Layout::zigzag(S, 2), Mask::make(S, true, 9, {30, 53}),
+       {7, 33, 2}},
+      {"d80_full_partitioned", Shape{1, S, 1, 1, 80}, Layout::partitioned({40, 0, 43}), Mask::none(), {17, 64}},
+      {"d144_causal", Shape{1, S, 2, 2, 144}, Layout::contiguous(S, 3), Mask::make(S, true, 0, {}), {23, 29, 4}},
+  };
+}
+
 double rel(const std::vector<double>& x, const std::vector<double>& ref) { return max_rel_error(x, ref); }
 
 template <class T>
-void expect_matches_reference(double tol) {
-  for (const Case& c : cases()) {
+void expect_matches_reference(double tol, const std::vector<Case>& all = cases()) {
+  for (const Case& c : all) {
     SCOPED_TRACE(c.name);
     const Global g = random_inputs(c.s, 11);
     Global gin = g;  // the reference sees exactly the values the kernel sees
@@ -181,6 +199,41 @@ void expect_matches_reference(double tol) {
 TEST(BlockAttention, RingOfBlocksMatchesDenseReferenceFloat64) { expect_matches_reference<double>(1e-12); }
 
 TEST(BlockAttention, RingOfBlocksMatchesDenseReferenceFloat32) { expect_matches_reference<float>(1e-5); }
+
+// float32 rounding over D-long dot products and up to S-long sums, relative to the largest
+// element: a few 1e-7 per step; 2e-5 leaves room and still fails any wrong index or mask.
+TEST(BlockAttention, PackedFloat32ForwardMatchesDenseReference) {
+  expect_matches_reference<float>(2e-5, packed_cases());
+}
+
+// The packed forward and Eigen's agree to float rounding on the same inputs, and a single
+// wrong score (here: one row's query changed) is far outside that.
+TEST(BlockAttention, PackedAndEigenFloat32ForwardsAgree) {
+  const Shape s{1, 70, 2, 1, 64};
+  const Mask mask = Mask::make(s.S, true, 0, {});
+  const Layout whole = Layout::contiguous(s.S, 1);
+  const Global g = random_inputs(s, 4);
+  const Packing pq{s.B, s.HKV, s.G(), s.S, s.D};
+  auto q = shard_packed<float>(g.q, s, s.H, whole, 0);
+  auto k = shard_packed<float>(g.k, s, s.HKV, whole, 0), v = shard_packed<float>(g.v, s, s.HKV, whole, 0);
+  const KVBlock<float> kv{Packing{s.B, s.HKV, 1, s.S, s.D}, whole.positions(0), k.data(), v.data()};
+  auto forward = [&](const std::vector<float>& qv, Index head_dim) {
+    std::vector<float> m(pq.row_elems()), l(pq.row_elems()), acc(pq.q_elems());
+    OnlineState<float> st{m.data(), l.data(), acc.data()};
+    init_online_state(pq, st);
+    Workspace<float> ws(Tiling{24, 40, 8}, head_dim);
+    block_forward(QueryShard<float>{pq, whole.positions(0), qv.data()}, kv, mask, 0.125f, st, ws);
+    finalize_forward(pq, st);
+    std::vector<double> out(acc.begin(), acc.end());
+    out.insert(out.end(), m.begin(), m.end());
+    return out;
+  };
+  const std::vector<double> eigen = forward(q, 0), packed = forward(q, s.D);
+  EXPECT_LE(rel(packed, eigen), 1e-6);
+  auto q2 = q;
+  q2[37 * s.D + 5] += 0.5f;
+  EXPECT_GT(rel(forward(q2, s.D), eigen), 1e-3);
+}
 
 // The online-softmax update gives the same O and LSE for any order and split of the keys,
 // including blocks in which some rows see nothing (future keys under the causal mask).
