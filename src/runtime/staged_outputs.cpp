@@ -17,7 +17,7 @@ namespace ringattn::runtime {
 // The handler only calls unlink and _exit (async-signal-safe) on paths stored beforehand.
 namespace partials {
 namespace {
-constexpr int kMax = 16;
+constexpr int kMax = 64;  // room for every staged file twice: its temporary and its final path
 char paths[kMax][4096];
 volatile sig_atomic_t count = 0;
 struct sigaction previous[3];
@@ -40,6 +40,13 @@ void arm(const std::vector<std::string>& files) {
   sa.sa_handler = on_signal;
   sigemptyset(&sa.sa_mask);
   for (int k = 0; k < 3; ++k) sigaction(kSignals[k], &sa, &previous[k]);
+}
+
+// One more path for the handler to remove (the store of count comes after the path is whole).
+void add(const std::string& f) {
+  if (count == kMax || f.size() >= sizeof(paths[0])) return;
+  std::memcpy(paths[count], f.c_str(), f.size() + 1);
+  count = count + 1;
 }
 
 void disarm() {
@@ -81,8 +88,14 @@ template <class T>
 void StagedOutputs<T>::commit() {
   if (!staged_) return;
   agreed_runtime(comm_, [&] {
+    // A signal between two renames must not leave some outputs: each final path joins the
+    // handler's list before its rename, so an interrupted commit removes the renamed ones too.
     if (comm_.rank() == 0)
-      for (const File& f : files_) std::filesystem::rename(temporary(f), path_in(dir_, f.name + ".npy"));
+      for (const File& f : files_) {
+        const std::string final_path = path_in(dir_, f.name + ".npy");
+        partials::add(final_path);
+        std::filesystem::rename(temporary(f), final_path);
+      }
   });
   staged_ = false;
   partials::disarm();
