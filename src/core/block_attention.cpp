@@ -165,13 +165,13 @@ bool block_visible(const Mask& mask, std::span<const Index> qpos, std::span<cons
   return mask.classify(qpos.front(), qpos.back(), kpos.front(), kpos.back()) != TileClass::empty;
 }
 
-// Whether the forward runs on the AVX-512 tile products (f32, D a multiple of 16, a Workspace
-// with room for a transposed K tile) rather than Eigen's GEMM.
+// Whether the kernels run on the AVX-512 tile products (f32, D a multiple of 16, a Workspace
+// with room for a transposed K and V tile) rather than Eigen's GEMM.
 template <class T>
-bool packed_forward(const Workspace<T>& ws, Index D) {
+bool packed_kernels(const Workspace<T>& ws, Index D) {
 #if defined(__AVX512F__)
   if constexpr (std::is_same_v<T, float>)
-    return D % 16 == 0 && static_cast<Index>(ws.kt.size()) >= ws.tiling.k_cols * D;
+    return D % 16 == 0 && static_cast<Index>(ws.kt.size()) >= 2 * ws.tiling.k_cols * D;
 #endif
   (void)ws, (void)D;
   return false;
@@ -186,7 +186,7 @@ Work block_forward(const QueryShard<T>& q, const KVBlock<T>& kv, const Mask& mas
   if (!block_visible(mask, q.pos, kv.pos)) return work;
   const Index TQ = ws.tiling.q_rows, TK = ws.tiling.k_cols;
   const T alpha = scale * Base<T>::kLog;
-  const bool packed = packed_forward(ws, D);
+  const bool packed = packed_kernels(ws, D);
   for (Index b = 0; b < q.pk.B; ++b) {
     for (Index g = 0; g < q.pk.HKV; ++g) {
       const T* qg = q.q + q.pk.q_group(b, g);
@@ -301,6 +301,7 @@ Work block_backward(const GradQueryShard<T>& gq, const KVBlock<T>& kv, const Mas
   if (!block_visible(mask, q.pos, kv.pos)) return work;
   const Index TQ = ws.tiling.q_rows, TK = ws.tiling.k_cols;
   const T alpha = scale * Base<T>::kLog;
+  const bool packed = packed_kernels(ws, D);
   for (Index b = 0; b < q.pk.B; ++b) {
     for (Index g = 0; g < q.pk.HKV; ++g) {
       const Index qo = q.pk.q_group(b, g), ro = q.pk.row_group(b, g), ko = kv.pk.kv_group(b, g);
@@ -310,10 +311,20 @@ Work block_backward(const GradQueryShard<T>& gq, const KVBlock<T>& kv, const Mas
         const Index tk = std::min(TK, Lk - c0);
         CMap<T> Kt(kv.k + ko + c0 * D, tk, D), Vt(kv.v + ko + c0 * D, tk, D);
         MMap<T> dKt(dk + ko + c0 * D, tk, D), dVt(dv + ko + c0 * D, tk, D);
+        bool transposed = false;
         for (Index r0 = 0; r0 < rows; r0 += TQ) {
           const Tile tile{r0, std::min(TQ, rows - r0), c0, tk};
           const TileClass tile_cls = classify_tile(mask, q.pos, G, kv.pos, tile);
           if (tile_cls == TileClass::empty) continue;
+#if defined(__AVX512F__)
+          if constexpr (std::is_same_v<T, float>) {
+            if (packed && !transposed) {
+              avx512::transpose_keys(Kt.data(), tk, D, ws.kt.data(), TK);
+              avx512::transpose_keys(Vt.data(), tk, D, ws.kt.data() + TK * D, TK);
+            }
+          }
+#endif
+          transposed = true;
           for_each_piece(mask, q.pos, G, kv.pos, tile, tile_cls, ws.tiling.strip_rows, [&](const Tile& t, TileClass cls) {
             const Index n = t.tq, kc = t.tk, k0 = t.c0 - c0;  // the piece within the K/V tile
             CMap<T> Qp(q.q + qo + t.r0 * D, n, D), dOp(gq.dout + qo + t.r0 * D, n, D);
@@ -324,20 +335,42 @@ Work block_backward(const GradQueryShard<T>& gq, const KVBlock<T>& kv, const Mas
             const T* delta = gq.delta + ro + t.r0;
             MMap<T> P(ws.s.data(), n, kc), dS(ws.p.data(), n, kc);
             // pass 1: recompute P = exp(scale Q K^T - LSE) from the row LSE; invisible pairs 0
-            P.noalias() = alpha * (Qp * Kp.transpose());
+#if defined(__AVX512F__)
+            if constexpr (std::is_same_v<T, float>) {
+              if (packed) avx512::scores(Qp.data(), n, D, ws.kt.data() + k0, TK, kc, alpha, P.data(), kc,
+                                         ws.rowmax.data());
+            }
+#endif
+            if (!packed) P.noalias() = alpha * (Qp * Kp.transpose());
             if (cls == TileClass::partial) apply_mask(P, mask, q.pos, G, kv.pos, t);
             for (Index i = 0; i < n; ++i) {
               if (lse[i] == kNegInf<T>) P.row(i).setZero();  // row sees no key anywhere
               else Base<T>::exp_sum(P.row(i).data(), kc, lse[i] * Base<T>::kLog);
             }
-            // pass 2: dV += P^T dO
-            dVp.noalias() += P.transpose() * dOp;
-            // pass 3: dP = dO V^T, dS = P o (dP - D)
-            dS.noalias() = dOp * Vp.transpose();
-            for (Index i = 0; i < n; ++i) dS.row(i).array() = P.row(i).array() * (dS.row(i).array() - delta[i]);
-            // pass 4: dQ += scale dS K, dK += scale dS^T Q
-            dQp.noalias() += scale * (dS * Kp);
-            dKp.noalias() += scale * (dS.transpose() * Qp);
+#if defined(__AVX512F__)
+            if constexpr (std::is_same_v<T, float>) {
+              if (packed) {
+                // pass 2: dV += P^T dO
+                avx512::accumulate_transposed(P.data(), n, kc, dOp.data(), D, kc, dVp.data());
+                // pass 3: dS = scale P o (dO V^T - D), the scale folded in once for both products
+                avx512::grad_scores(dOp.data(), n, D, ws.kt.data() + TK * D + k0, TK, kc, scale, P.data(), delta,
+                                    dS.data(), kc);
+                // pass 4: dQ += dS K, dK += dS^T Q
+                avx512::accumulate(dS.data(), n, kc, Kp.data(), D, kc, nullptr, dQp.data());
+                avx512::accumulate_transposed(dS.data(), n, kc, Qp.data(), D, kc, dKp.data());
+              }
+            }
+#endif
+            if (!packed) {
+              // pass 2: dV += P^T dO
+              dVp.noalias() += P.transpose() * dOp;
+              // pass 3: dP = dO V^T, dS = P o (dP - D)
+              dS.noalias() = dOp * Vp.transpose();
+              for (Index i = 0; i < n; ++i) dS.row(i).array() = P.row(i).array() * (dS.row(i).array() - delta[i]);
+              // pass 4: dQ += scale dS K, dK += scale dS^T Q
+              dQp.noalias() += scale * (dS * Kp);
+              dKp.noalias() += scale * (dS.transpose() * Qp);
+            }
             work.flops += 10.0 * double(n) * double(kc) * double(D);
           });
           ++work.tile_pairs;

@@ -8,6 +8,7 @@
 #include <benchmark/benchmark.h>
 
 #include <Eigen/Core>
+#include <chrono>
 #include <random>
 
 #include "ringattn/core/block_attention.hpp"
@@ -177,6 +178,54 @@ void BM_BlockBackward(benchmark::State& st) {
       benchmark::Counter(flops, benchmark::Counter::kIsIterationInvariantRate, benchmark::Counter::kIs1000);
 }
 
+// Paired: each iteration runs the kernel and then the best Eigen GEMM of this file (the Q K^T
+// tiles, BM_GemmTiles' loop), back to back on the same shapes, each timed on its own. A VM's slow
+// phases last seconds, these alternate every ~50 ms, so the ratio of the two rates within one
+// repetition is what the kernel makes of the GEMM rate at that moment; repetitions give its spread.
+template <bool kBackward>
+void BM_PairedWithGemm(benchmark::State& st) {
+  using clock = std::chrono::steady_clock;
+  const Index L = st.range(0), D = st.range(1), TQ = st.range(2), TK = st.range(3);
+  Problem p = make_problem(L, D);
+  Workspace<float> ws(Tiling{TQ, TK}, D);
+  const QueryShard<float> qs{p.pq, p.pos, p.q.data()};
+  const KVBlock<float> kv{p.pk, p.pos, p.k.data(), p.v.data()};
+  const Mask none;
+  OnlineState<float> s{p.m.data(), p.l.data(), p.acc.data()};
+  init_online_state(p.pq, s);
+  block_forward(qs, kv, none, 0.125f, s, ws);
+  finalize_forward(p.pq, s);
+  compute_delta(p.pq, p.dout.data(), p.acc.data(), p.delta.data());
+  const GradQueryShard<float> gq{qs, p.dout.data(), p.m.data(), p.delta.data(), p.dq.data()};
+  AlignedVector<float> tile(TQ * TK);
+  double kernel_s = 0, gemm_s = 0, flops = 0;
+  for (auto _ : st) {
+    const auto t0 = clock::now();
+    if constexpr (kBackward) {
+      flops = block_backward(gq, kv, none, 0.125f, p.dk.data(), p.dv.data(), ws).flops;
+    } else {
+      init_online_state(p.pq, s);
+      flops = block_forward(qs, kv, none, 0.125f, s, ws).flops;
+    }
+    const auto t1 = clock::now();
+    for (Index r0 = 0; r0 < L; r0 += TQ)
+      for (Index c0 = 0; c0 < L; c0 += TK) {
+        Eigen::Map<const Mat<float>> Q(p.q.data() + r0 * D, TQ, D), K(p.k.data() + c0 * D, TK, D);
+        Eigen::Map<Mat<float>> S(tile.data(), TQ, TK);
+        S.noalias() = Q * K.transpose();
+        benchmark::DoNotOptimize(tile.data());
+      }
+    const auto t2 = clock::now();
+    kernel_s += std::chrono::duration<double>(t1 - t0).count();
+    gemm_s += std::chrono::duration<double>(t2 - t1).count();
+  }
+  const double n = static_cast<double>(st.iterations()), kernel = n * flops / kernel_s,
+               gemm = n * 2.0 * L * L * D / gemm_s;
+  st.counters["kernel_GFLOPs"] = kernel * 1e-9;
+  st.counters["gemm_GFLOPs"] = gemm * 1e-9;
+  st.counters["of_gemm"] = kernel / gemm;
+}
+
 }  // namespace
 
 BENCHMARK(BM_GemmQK<float>)->Args({4096, 64})->Unit(benchmark::kMillisecond);
@@ -196,4 +245,6 @@ BENCHMARK(BM_BlockBackward)
     ->Args({4096, 64, 128, 512})
     ->Args({4096, 64, 256, 128})
     ->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_PairedWithGemm<false>)->Name("BM_PairedForward")->Args({4096, 64, 128, 256})->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_PairedWithGemm<true>)->Name("BM_PairedBackward")->Args({4096, 64, 128, 256})->Unit(benchmark::kMillisecond);
 BENCHMARK_MAIN();

@@ -155,7 +155,7 @@ std::vector<Case> cases() {
   };
 }
 
-// Shapes for the f32 AVX-512 forward (D a multiple of 16): every column count of its 64-column
+// Shapes for the f32 AVX-512 kernels (D a multiple of 16): every column count of its 64-column
 // chunks (16..64, then 80 and 144 past one chunk), query tiles that leave 1..7 rows after the
 // 8-row and 6-row blocks, key tiles and trimmed strips that leave 1..31 keys after 32, and
 // partial tiles of every mask.
@@ -202,37 +202,43 @@ TEST(BlockAttention, RingOfBlocksMatchesDenseReferenceFloat32) { expect_matches_
 
 // float32 rounding over D-long dot products and up to S-long sums, relative to the largest
 // element: a few 1e-7 per step; 2e-5 leaves room and still fails any wrong index or mask.
-TEST(BlockAttention, PackedFloat32ForwardMatchesDenseReference) {
+TEST(BlockAttention, PackedFloat32KernelsMatchDenseReference) {
   expect_matches_reference<float>(2e-5, packed_cases());
 }
 
-// The packed forward and Eigen's agree to float rounding on the same inputs, and a single
-// wrong score (here: one row's query changed) is far outside that.
-TEST(BlockAttention, PackedAndEigenFloat32ForwardsAgree) {
+// The packed kernels and Eigen's agree to float rounding on the same inputs, forward and
+// backward, and a single wrong value (here: one query element changed) is far outside that.
+TEST(BlockAttention, PackedAndEigenFloat32KernelsAgree) {
   const Shape s{1, 70, 2, 1, 64};
   const Mask mask = Mask::make(s.S, true, 0, {});
   const Layout whole = Layout::contiguous(s.S, 1);
   const Global g = random_inputs(s, 4);
   const Packing pq{s.B, s.HKV, s.G(), s.S, s.D};
-  auto q = shard_packed<float>(g.q, s, s.H, whole, 0);
+  auto q = shard_packed<float>(g.q, s, s.H, whole, 0), dout = shard_packed<float>(g.dout, s, s.H, whole, 0);
   auto k = shard_packed<float>(g.k, s, s.HKV, whole, 0), v = shard_packed<float>(g.v, s, s.HKV, whole, 0);
   const KVBlock<float> kv{Packing{s.B, s.HKV, 1, s.S, s.D}, whole.positions(0), k.data(), v.data()};
-  auto forward = [&](const std::vector<float>& qv, Index head_dim) {
-    std::vector<float> m(pq.row_elems()), l(pq.row_elems()), acc(pq.q_elems());
+  // o, lse, dq, dk, dv one after another
+  auto run = [&](const std::vector<float>& qv, Index head_dim) {
+    std::vector<float> m(pq.row_elems()), l(pq.row_elems()), acc(pq.q_elems()), delta(pq.row_elems()),
+        dq(pq.q_elems(), 0.f), dk(k.size(), 0.f), dv(v.size(), 0.f);
     OnlineState<float> st{m.data(), l.data(), acc.data()};
     init_online_state(pq, st);
     Workspace<float> ws(Tiling{24, 40, 8}, head_dim);
-    block_forward(QueryShard<float>{pq, whole.positions(0), qv.data()}, kv, mask, 0.125f, st, ws);
+    const QueryShard<float> qs{pq, whole.positions(0), qv.data()};
+    block_forward(qs, kv, mask, 0.125f, st, ws);
     finalize_forward(pq, st);
-    std::vector<double> out(acc.begin(), acc.end());
-    out.insert(out.end(), m.begin(), m.end());
+    compute_delta(pq, dout.data(), acc.data(), delta.data());
+    block_backward(GradQueryShard<float>{qs, dout.data(), m.data(), delta.data(), dq.data()}, kv, mask, 0.125f,
+                   dk.data(), dv.data(), ws);
+    std::vector<double> out;
+    for (const auto* t : {&acc, &m, &dq, &dk, &dv}) out.insert(out.end(), t->begin(), t->end());
     return out;
   };
-  const std::vector<double> eigen = forward(q, 0), packed = forward(q, s.D);
+  const std::vector<double> eigen = run(q, 0), packed = run(q, s.D);
   EXPECT_LE(rel(packed, eigen), 1e-6);
   auto q2 = q;
   q2[37 * s.D + 5] += 0.5f;
-  EXPECT_GT(rel(forward(q2, s.D), eigen), 1e-3);
+  EXPECT_GT(rel(run(q2, s.D), eigen), 1e-3);
 }
 
 // The online-softmax update gives the same O and LSE for any order and split of the keys,

@@ -41,9 +41,9 @@ struct Work {
 
 using Progress = FunctionRef<void()>;
 
-// Scratch of the kernels, sized once. head_dim sizes kt, the packed K^T tile of the f32
-// AVX-512 forward (tile_kernels_avx512.hpp); a float Workspace built without it, or a D that is
-// not a multiple of 16, runs the forward on Eigen's GEMM instead (same results to rounding).
+// Scratch of the kernels, sized once. head_dim sizes kt, the transposed K and V tiles of the f32
+// AVX-512 kernels (tile_kernels_avx512.hpp); a float Workspace built without it, or a D that is
+// not a multiple of 16, runs on Eigen's GEMM instead (same results to rounding).
 template <class T>
 struct Workspace {
   explicit Workspace(const Tiling& t = {}, Index head_dim = 0)
@@ -52,11 +52,11 @@ struct Workspace {
         p(t.q_rows * t.k_cols),
         rowbuf(t.q_rows),
         rowmax(t.q_rows),
-        kt(std::is_same_v<T, float> ? t.k_cols * head_dim : 0) {}
+        kt(std::is_same_v<T, float> ? 2 * t.k_cols * head_dim : 0) {}
   Tiling tiling;
   AlignedVector<T> s, p;          // score / probability tiles [q_rows, k_cols]
   AlignedVector<T> rowbuf, rowmax;  // per tile row: the rescale factor, the score max
-  AlignedVector<T> kt;            // [head_dim, k_cols]: one K tile transposed
+  AlignedVector<T> kt;            // 2 x [head_dim, k_cols]: one K tile and one V tile transposed
 };
 
 // One rank's queries in packed form, with what the forward keeps per row.
