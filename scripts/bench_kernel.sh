@@ -17,7 +17,10 @@ while [ $# -gt 0 ]; do
     *) echo "bench_kernel.sh: unknown option $1" >&2; exit 2 ;;
   esac
 done
-[ -x "$BUILD/tests/bench/kernel_bench" --benchmark_min_time="$MIN_TIME" --benchmark_repetitions="$REPS" \
+[ -x "$BUILD/tests/bench/kernel_bench" ] || build >/dev/null
+tmp=$(mktemp)
+trap 'rm -f "$tmp"' EXIT
+"$BUILD/tests/bench/kernel_bench" --benchmark_min_time="$MIN_TIME" --benchmark_repetitions="$REPS" \
   --benchmark_enable_random_interleaving=true --benchmark_format=json >"$tmp" 2>/dev/null
 /usr/bin/python3 - "$tmp" <<'PY'
 import json, statistics, sys
