@@ -245,6 +245,6 @@ BENCHMARK(BM_BlockBackward)
     ->Args({4096, 64, 128, 512})
     ->Args({4096, 64, 256, 128})
     ->Unit(benchmark::kMillisecond);
-BENCHMARK(BM_PairedWithGemm<false>)->Name("BM_PairedForward")->Args({4096, 64, 128, 256})->Unit(benchmark::kMillisecond);
-BENCHMARK(BM_PairedWithGemm<true>)->Name("BM_PairedBackward")->Args({4096, 64, 128, 256})->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_PairedWithGemm<false>)->Name("BM_PairedForward")->Args({4096, 64, 128, 256})->Args({8192, 64, 128, 256})->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_PairedWithGemm<true>)->Name("BM_PairedBackward")->Args({4096, 64, 128, 256})->Args({8192, 64, 128, 256})->Unit(benchmark::kMillisecond);
 BENCHMARK_MAIN();
