@@ -44,10 +44,7 @@ print(f"GEMM rate = the best Eigen GEMM above ({gemm:.1f} GFLOP/s, one core, f32
 print("GEMMs on its default tiles (128 x 256) without the softmax")
 print()
 print("Paired (each iteration: the kernel, then the Q K^T GEMM tiles, back to back; per repetition):")
-for name in ("BM_PairedForward", "BM_PairedBackward"):
-    key = next((k for k in runs if k.startswith(name)), None)
-    if key is None:
-        continue
+for key in sorted((k for k in runs if k.startswith("BM_Paired")), key=lambda k: ("Backward" in k, len(k), k)):
     r = sorted(x["of_gemm"] for x in runs[key])
     print(f"  {key:40} kernel {med(key, 'kernel_GFLOPs'):6.1f} GFLOP/s, GEMM {med(key, 'gemm_GFLOPs'):6.1f}; "
           f"kernel/GEMM min {100 * r[0]:.0f}%, median {100 * statistics.median(r):.0f}%, max {100 * r[-1]:.0f}%")
