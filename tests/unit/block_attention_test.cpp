@@ -145,7 +145,7 @@ std::vector<Case> cases() {
       {"one_rank_full", Shape{1, S, 2, 2, 8}, Layout::contiguous(S, 1), Mask::none(), {}},
       {"causal_uneven_partition_gqa_b2", Shape{2, S, 4, 2, 16}, Layout::partitioned({10, 0, 27}),
        Mask::make(S, true, 0, {}), {}},
-      {"causal_tiny_tiles", Shape{2, S, 4, 1, 8}, Layout::contiguous(S, 4), Mask::make(S, true, 0, {}), {5, 3}},
+      {"causal_tiny_tiles", Shape{2, S, 4, 1, 8}, Layout::contiguous(S, 4), Mask::make(S, true, 0, {}), {5, 3, 32, 10}},
       {"noncausal_striped", Shape{1, S, 3, 3, 4}, Layout::striped(S, 5), Mask::none(), {4, 4}},
       {"causal_zigzag", Shape{1, S, 2, 1, 8}, Layout::zigzag(S, 3), Mask::make(S, true, 0, {}), {6, 7}},
       {"window_contiguous", Shape{1, S, 2, 2, 8}, Layout::contiguous(S, 4), Mask::make(S, true, 6, {}), {4, 5}},
@@ -170,6 +170,8 @@ std::vector<Case> packed_cases() {
        {7, 33, 2}},
       {"d80_full_partitioned", Shape{1, S, 1, 1, 80}, Layout::partitioned({40, 0, 43}), Mask::none(), {17, 64}},
       {"d144_causal", Shape{1, S, 2, 2, 144}, Layout::contiguous(S, 3), Mask::make(S, true, 0, {}), {23, 29, 4}},
+      {"d32_row_chunks_of_two_tiles", Shape{1, S, 4, 2, 32}, Layout::contiguous(S, 1), Mask::make(S, true, 0, {}),
+       {7, 16, 3, 14}},
   };
 }
 

@@ -24,6 +24,8 @@ struct Tiling {
   Index k_cols = 256;     // keys of a K/V tile
   Index strip_rows = 32;  // a partially visible tile is computed in strips of this many rows, each
                           // trimmed to the keys its rows can see (a staircase along the diagonal)
+  Index chunk_rows = 0;   // query rows are swept in chunks of this many (rounded up to whole tiles),
+                          // each against every K/V tile; 0: as many as keep ~1 MiB of row operands
 };
 
 // Work actually done, counted as FlashAttention does: forward 4*rows*cols*D per computed piece,
