@@ -182,9 +182,32 @@ bool packed_kernels(const Workspace<T>& ws, Index D) {
 // next to the K and V tiles.
 inline Index chunk_rows(const Tiling& t, Index D, int arrays, std::size_t elem) {
   constexpr std::size_t kBytes = std::size_t(1) << 20;
-  const Index want = t.chunk_rows > 0 ? t.chunk_rows
-                                      : static_cast<Index>(kBytes / (std::size_t(arrays) * std::size_t(std::max<Index>(D, 1)) * elem));
+  const std::size_t row_bytes = std::size_t(arrays) * std::size_t(std::max<Index>(D, 1)) * elem;
+  const Index want = t.chunk_rows > 0 ? t.chunk_rows : static_cast<Index>(kBytes / row_bytes);
   return std::max<Index>(1, (want + t.q_rows - 1) / t.q_rows) * t.q_rows;
+}
+
+// Calls fn(tile, class, first) for every tile with a visible pair, in the kernels' order: query
+// rows in chunks of R that stay in L2; in a chunk, K/V tiles outer and query tiles inner, so each
+// row meets the keys in increasing order. `first` marks the first tile of a K/V tile in a chunk,
+// where the kernels transpose it.
+template <class Fn>
+void for_each_tile(const Mask& mask, std::span<const Index> qpos, Index G, std::span<const Index> kpos, Index rows,
+                   Index Lk, const Tiling& tiling, Index R, Fn&& fn) {
+  const Index TQ = tiling.q_rows, TK = tiling.k_cols;
+  for (Index q0 = 0; q0 < rows; q0 += R) {
+    const Index q1 = std::min(rows, q0 + R);
+    for (Index c0 = 0; c0 < Lk; c0 += TK) {
+      bool first = true;
+      for (Index r0 = q0; r0 < q1; r0 += TQ) {
+        const Tile tile{r0, std::min(TQ, rows - r0), c0, std::min(TK, Lk - c0)};
+        const TileClass cls = classify_tile(mask, qpos, G, kpos, tile);
+        if (cls == TileClass::empty) continue;
+        fn(tile, cls, first);
+        first = false;
+      }
+    }
+  }
 }
 
 template <class T>
@@ -194,7 +217,7 @@ Work block_forward(const QueryShard<T>& q, const KVBlock<T>& kv, const Mask& mas
   const Index G = q.pk.G, D = q.pk.D, rows = q.pk.L * G, Lk = kv.pk.L;
   Work work;
   if (!block_visible(mask, q.pos, kv.pos)) return work;
-  const Index TQ = ws.tiling.q_rows, TK = ws.tiling.k_cols;
+  [[maybe_unused]] const Index TK = ws.tiling.k_cols;  // the transposed tiles' row stride
   const T alpha = scale * Base<T>::kLog;
   const bool packed = packed_kernels(ws, D);
   const Index R = chunk_rows(ws.tiling, D, 2, sizeof(T));
@@ -206,79 +229,67 @@ Work block_forward(const QueryShard<T>& q, const KVBlock<T>& kv, const Mask& mas
       T* mg = st.m + q.pk.row_group(b, g);
       T* lg = st.l + q.pk.row_group(b, g);
       T* ag = st.acc + q.pk.q_group(b, g);
-      // Query rows in chunks of R that stay in L2; in a chunk, K/V tile outer and query tiles
-      // inner: each row still meets the keys in increasing order, and a K tile is transposed
-      // once per chunk.
-      for (Index q0 = 0; q0 < rows; q0 += R) {
-        const Index q1 = std::min(rows, q0 + R);
-        for (Index c0 = 0; c0 < Lk; c0 += TK) {
-          const Index tk = std::min(TK, Lk - c0);
-          bool transposed = false;
-          for (Index r0 = q0; r0 < q1; r0 += TQ) {
-            const Tile tile{r0, std::min(TQ, rows - r0), c0, tk};
-            const TileClass tile_cls = classify_tile(mask, q.pos, G, kv.pos, tile);
-            if (tile_cls == TileClass::empty) continue;
-  #if defined(__AVX512F__)
-            if constexpr (std::is_same_v<T, float>) {
-              if (packed && !transposed) avx512::transpose_keys(kg + c0 * D, tk, D, ws.kt.data(), TK);
-            }
-  #endif
-            transposed = true;
-            Vec<T> m(mg + r0, tile.tq), l(lg + r0, tile.tq), c(ws.rowbuf.data(), tile.tq);
-            for_each_piece(mask, q.pos, G, kv.pos, tile, tile_cls, ws.tiling.strip_rows, [&](const Tile& t, TileClass cls) {
-              const Index i0 = t.r0 - r0, n = t.tq;  // the piece's rows within the query tile
-              const T* Qp = qg + t.r0 * D;
-              const T* Vp = vg + t.c0 * D;
-              T* Ap = ag + t.r0 * D;
-              MMap<T> S(ws.s.data(), n, t.tk);
-              T* rmax = ws.rowmax.data();
-              // pass 1: scores S = scale Q K^T (in base units), invisible pairs -inf; row maxima
-              bool have_max = false;
-  #if defined(__AVX512F__)
-              if constexpr (std::is_same_v<T, float>) {
-                if (packed) {
-                  avx512::scores(Qp, n, D, ws.kt.data() + (t.c0 - c0), TK, t.tk, alpha, S.data(), t.tk, rmax);
-                  have_max = cls != TileClass::partial;
-                }
-              }
-  #endif
-              if (!packed) S.noalias() = alpha * (CMap<T>(Qp, n, D) * CMap<T>(kg + t.c0 * D, t.tk, D).transpose());
-              if (cls == TileClass::partial) apply_mask(S, mask, q.pos, G, kv.pos, t);
-              if (!have_max)
-                for (Index i = 0; i < n; ++i) rmax[i] = S.row(i).maxCoeff();
-              // pass 2: running max, rescale factor c = e^(m - m'), P = e^(S - m'), exp-sum
-              auto cp = c.segment(i0, n);
-              for (Index i = 0; i < n; ++i) {
-                T& mi = m[i0 + i];
-                const T m_new = std::max(mi, rmax[i]);
-                if (m_new == kNegInf<T>) {  // nothing visible yet: keep P = 0, state untouched
-                  S.row(i).setZero();
-                  cp[i] = T(1);
-                  continue;
-                }
-                const T row_sum = Base<T>::exp_sum(S.row(i).data(), t.tk, m_new);
-                cp[i] = Base<T>::pow(mi - m_new);  // e^(-inf) = 0 on the first visible block
-                l[i0 + i] = cp[i] * l[i0 + i] + row_sum;
-                mi = m_new;
-              }
-              // pass 3: a' = c a + P V (once the running max settles, c = 1 and the rescale is skipped)
-  #if defined(__AVX512F__)
-              if constexpr (std::is_same_v<T, float>) {
-                if (packed) avx512::accumulate(S.data(), n, t.tk, Vp, D, t.tk, cp.data(), Ap);
-              }
-  #endif
-              if (!packed) {
-                MMap<T> A(Ap, n, D);
-                if ((cp != T(1)).any()) A.array().colwise() *= cp.array();
-                A.noalias() += S * CMap<T>(Vp, t.tk, D);
-              }
-              work.flops += 4.0 * double(n) * double(t.tk) * double(D);
-            });
-            ++work.tile_pairs;
-            progress();
-          }
+      for_each_tile(mask, q.pos, G, kv.pos, rows, Lk, ws.tiling, R,
+                    [&](const Tile& tile, TileClass tile_cls, [[maybe_unused]] bool first) {
+        const Index r0 = tile.r0, c0 = tile.c0;
+#if defined(__AVX512F__)
+        if constexpr (std::is_same_v<T, float>) {
+          if (packed && first) avx512::transpose_keys(kg + c0 * D, tile.tk, D, ws.kt.data(), TK);
         }
-      }
+#endif
+        Vec<T> m(mg + r0, tile.tq), l(lg + r0, tile.tq), c(ws.rowbuf.data(), tile.tq);
+        for_each_piece(mask, q.pos, G, kv.pos, tile, tile_cls, ws.tiling.strip_rows, [&](const Tile& t, TileClass cls) {
+          const Index i0 = t.r0 - r0, n = t.tq;  // the piece's rows within the query tile
+          const T* Qp = qg + t.r0 * D;
+          const T* Vp = vg + t.c0 * D;
+          T* Ap = ag + t.r0 * D;
+          MMap<T> S(ws.s.data(), n, t.tk);
+          T* rmax = ws.rowmax.data();
+          // pass 1: scores S = scale Q K^T (in base units), invisible pairs -inf; row maxima
+          bool have_max = false;
+#if defined(__AVX512F__)
+          if constexpr (std::is_same_v<T, float>) {
+            if (packed) {
+              avx512::scores(Qp, n, D, ws.kt.data() + (t.c0 - c0), TK, t.tk, alpha, S.data(), t.tk, rmax);
+              have_max = cls != TileClass::partial;
+            }
+          }
+#endif
+          if (!packed) S.noalias() = alpha * (CMap<T>(Qp, n, D) * CMap<T>(kg + t.c0 * D, t.tk, D).transpose());
+          if (cls == TileClass::partial) apply_mask(S, mask, q.pos, G, kv.pos, t);
+          if (!have_max)
+            for (Index i = 0; i < n; ++i) rmax[i] = S.row(i).maxCoeff();
+          // pass 2: running max, rescale factor c = e^(m - m'), P = e^(S - m'), exp-sum
+          auto cp = c.segment(i0, n);
+          for (Index i = 0; i < n; ++i) {
+            T& mi = m[i0 + i];
+            const T m_new = std::max(mi, rmax[i]);
+            if (m_new == kNegInf<T>) {  // nothing visible yet: keep P = 0, state untouched
+              S.row(i).setZero();
+              cp[i] = T(1);
+              continue;
+            }
+            const T row_sum = Base<T>::exp_sum(S.row(i).data(), t.tk, m_new);
+            cp[i] = Base<T>::pow(mi - m_new);  // e^(-inf) = 0 on the first visible block
+            l[i0 + i] = cp[i] * l[i0 + i] + row_sum;
+            mi = m_new;
+          }
+          // pass 3: a' = c a + P V (once the running max settles, c = 1 and the rescale is skipped)
+#if defined(__AVX512F__)
+          if constexpr (std::is_same_v<T, float>) {
+            if (packed) avx512::accumulate(S.data(), n, t.tk, Vp, D, t.tk, cp.data(), Ap);
+          }
+#endif
+          if (!packed) {
+            MMap<T> A(Ap, n, D);
+            if ((cp != T(1)).any()) A.array().colwise() *= cp.array();
+            A.noalias() += S * CMap<T>(Vp, t.tk, D);
+          }
+          work.flops += 4.0 * double(n) * double(t.tk) * double(D);
+        });
+        ++work.tile_pairs;
+        progress();
+      });
     }
   }
   return work;
@@ -314,7 +325,7 @@ Work block_backward(const GradQueryShard<T>& gq, const KVBlock<T>& kv, const Mas
   const Index G = q.pk.G, D = q.pk.D, rows = q.pk.L * G, Lk = kv.pk.L;
   Work work;
   if (!block_visible(mask, q.pos, kv.pos)) return work;
-  const Index TQ = ws.tiling.q_rows, TK = ws.tiling.k_cols;
+  [[maybe_unused]] const Index TK = ws.tiling.k_cols;  // the transposed tiles' row stride
   const T alpha = scale * Base<T>::kLog;
   const bool packed = packed_kernels(ws, D);
   const Index R = chunk_rows(ws.tiling, D, 3, sizeof(T));
@@ -323,79 +334,70 @@ Work block_backward(const GradQueryShard<T>& gq, const KVBlock<T>& kv, const Mas
       const Index qo = q.pk.q_group(b, g), ro = q.pk.row_group(b, g), ko = kv.pk.kv_group(b, g);
       // in the forward pass this was: row chunks, K/V tile outer, so now: dK/dV tiles stay in
       // cache while the chunk's query tiles stream past; dQ rows are revisited once per K/V tile.
-      for (Index q0 = 0; q0 < rows; q0 += R) {
-        const Index q1 = std::min(rows, q0 + R);
-        for (Index c0 = 0; c0 < Lk; c0 += TK) {
-          const Index tk = std::min(TK, Lk - c0);
-          CMap<T> Kt(kv.k + ko + c0 * D, tk, D), Vt(kv.v + ko + c0 * D, tk, D);
-          MMap<T> dKt(dk + ko + c0 * D, tk, D), dVt(dv + ko + c0 * D, tk, D);
-          bool transposed = false;
-          for (Index r0 = q0; r0 < q1; r0 += TQ) {
-            const Tile tile{r0, std::min(TQ, rows - r0), c0, tk};
-            const TileClass tile_cls = classify_tile(mask, q.pos, G, kv.pos, tile);
-            if (tile_cls == TileClass::empty) continue;
-  #if defined(__AVX512F__)
-            if constexpr (std::is_same_v<T, float>) {
-              if (packed && !transposed) {
-                avx512::transpose_keys(Kt.data(), tk, D, ws.kt.data(), TK);
-                avx512::transpose_keys(Vt.data(), tk, D, ws.kt.data() + TK * D, TK);
-              }
-            }
-  #endif
-            transposed = true;
-            for_each_piece(mask, q.pos, G, kv.pos, tile, tile_cls, ws.tiling.strip_rows, [&](const Tile& t, TileClass cls) {
-              const Index n = t.tq, kc = t.tk, k0 = t.c0 - c0;  // the piece within the K/V tile
-              CMap<T> Qp(q.q + qo + t.r0 * D, n, D), dOp(gq.dout + qo + t.r0 * D, n, D);
-              CMap<T> Kp(Kt.data() + k0 * D, kc, D), Vp(Vt.data() + k0 * D, kc, D);
-              MMap<T> dQp(gq.dq + qo + t.r0 * D, n, D);
-              MMap<T> dKp(dKt.data() + k0 * D, kc, D), dVp(dVt.data() + k0 * D, kc, D);
-              const T* lse = gq.lse + ro + t.r0;
-              const T* delta = gq.delta + ro + t.r0;
-              MMap<T> P(ws.s.data(), n, kc), dS(ws.p.data(), n, kc);
-              // pass 1: recompute P = exp(scale Q K^T - LSE) from the row LSE; invisible pairs 0
-  #if defined(__AVX512F__)
-              if constexpr (std::is_same_v<T, float>) {
-                if (packed) avx512::scores(Qp.data(), n, D, ws.kt.data() + k0, TK, kc, alpha, P.data(), kc,
-                                           ws.rowmax.data());
-              }
-  #endif
-              if (!packed) P.noalias() = alpha * (Qp * Kp.transpose());
-              if (cls == TileClass::partial) apply_mask(P, mask, q.pos, G, kv.pos, t);
-              for (Index i = 0; i < n; ++i) {
-                if (lse[i] == kNegInf<T>) P.row(i).setZero();  // row sees no key anywhere
-                else Base<T>::exp_sum(P.row(i).data(), kc, lse[i] * Base<T>::kLog);
-              }
-  #if defined(__AVX512F__)
-              if constexpr (std::is_same_v<T, float>) {
-                if (packed) {
-                  // pass 2: dV += P^T dO
-                  avx512::accumulate_transposed(P.data(), n, kc, dOp.data(), D, kc, dVp.data());
-                  // pass 3: dS = scale P o (dO V^T - D), the scale folded in once for both products
-                  avx512::grad_scores(dOp.data(), n, D, ws.kt.data() + TK * D + k0, TK, kc, scale, P.data(), delta,
-                                      dS.data(), kc);
-                  // pass 4: dQ += dS K, dK += dS^T Q
-                  avx512::accumulate(dS.data(), n, kc, Kp.data(), D, kc, nullptr, dQp.data());
-                  avx512::accumulate_transposed(dS.data(), n, kc, Qp.data(), D, kc, dKp.data());
-                }
-              }
-  #endif
-              if (!packed) {
-                // pass 2: dV += P^T dO
-                dVp.noalias() += P.transpose() * dOp;
-                // pass 3: dP = dO V^T, dS = P o (dP - D)
-                dS.noalias() = dOp * Vp.transpose();
-                for (Index i = 0; i < n; ++i) dS.row(i).array() = P.row(i).array() * (dS.row(i).array() - delta[i]);
-                // pass 4: dQ += scale dS K, dK += scale dS^T Q
-                dQp.noalias() += scale * (dS * Kp);
-                dKp.noalias() += scale * (dS.transpose() * Qp);
-              }
-              work.flops += 10.0 * double(n) * double(kc) * double(D);
-            });
-            ++work.tile_pairs;
-            progress();
+      for_each_tile(mask, q.pos, G, kv.pos, rows, Lk, ws.tiling, R,
+                    [&](const Tile& tile, TileClass tile_cls, [[maybe_unused]] bool first) {
+        const Index c0 = tile.c0, tk = tile.tk;
+        CMap<T> Kt(kv.k + ko + c0 * D, tk, D), Vt(kv.v + ko + c0 * D, tk, D);
+        MMap<T> dKt(dk + ko + c0 * D, tk, D), dVt(dv + ko + c0 * D, tk, D);
+#if defined(__AVX512F__)
+        if constexpr (std::is_same_v<T, float>) {
+          if (packed && first) {
+            avx512::transpose_keys(Kt.data(), tk, D, ws.kt.data(), TK);
+            avx512::transpose_keys(Vt.data(), tk, D, ws.kt.data() + TK * D, TK);
           }
         }
-      }
+#endif
+        for_each_piece(mask, q.pos, G, kv.pos, tile, tile_cls, ws.tiling.strip_rows, [&](const Tile& t, TileClass cls) {
+          const Index n = t.tq, kc = t.tk, k0 = t.c0 - c0;  // the piece within the K/V tile
+          CMap<T> Qp(q.q + qo + t.r0 * D, n, D), dOp(gq.dout + qo + t.r0 * D, n, D);
+          CMap<T> Kp(Kt.data() + k0 * D, kc, D), Vp(Vt.data() + k0 * D, kc, D);
+          MMap<T> dQp(gq.dq + qo + t.r0 * D, n, D);
+          MMap<T> dKp(dKt.data() + k0 * D, kc, D), dVp(dVt.data() + k0 * D, kc, D);
+          const T* lse = gq.lse + ro + t.r0;
+          const T* delta = gq.delta + ro + t.r0;
+          MMap<T> P(ws.s.data(), n, kc), dS(ws.p.data(), n, kc);
+          // pass 1: recompute P = exp(scale Q K^T - LSE) from the row LSE; invisible pairs 0
+#if defined(__AVX512F__)
+          if constexpr (std::is_same_v<T, float>) {
+            if (packed) avx512::scores(Qp.data(), n, D, ws.kt.data() + k0, TK, kc, alpha, P.data(), kc,
+                                       ws.rowmax.data());
+          }
+#endif
+          if (!packed) P.noalias() = alpha * (Qp * Kp.transpose());
+          if (cls == TileClass::partial) apply_mask(P, mask, q.pos, G, kv.pos, t);
+          for (Index i = 0; i < n; ++i) {
+            if (lse[i] == kNegInf<T>) P.row(i).setZero();  // row sees no key anywhere
+            else Base<T>::exp_sum(P.row(i).data(), kc, lse[i] * Base<T>::kLog);
+          }
+#if defined(__AVX512F__)
+          if constexpr (std::is_same_v<T, float>) {
+            if (packed) {
+              // pass 2: dV += P^T dO
+              avx512::accumulate_transposed(P.data(), n, kc, dOp.data(), D, kc, dVp.data());
+              // pass 3: dS = scale P o (dO V^T - D), the scale folded in once for both products
+              avx512::grad_scores(dOp.data(), n, D, ws.kt.data() + TK * D + k0, TK, kc, scale, P.data(), delta,
+                                  dS.data(), kc);
+              // pass 4: dQ += dS K, dK += dS^T Q
+              avx512::accumulate(dS.data(), n, kc, Kp.data(), D, kc, nullptr, dQp.data());
+              avx512::accumulate_transposed(dS.data(), n, kc, Qp.data(), D, kc, dKp.data());
+            }
+          }
+#endif
+          if (!packed) {
+            // pass 2: dV += P^T dO
+            dVp.noalias() += P.transpose() * dOp;
+            // pass 3: dP = dO V^T, dS = P o (dP - D)
+            dS.noalias() = dOp * Vp.transpose();
+            for (Index i = 0; i < n; ++i) dS.row(i).array() = P.row(i).array() * (dS.row(i).array() - delta[i]);
+            // pass 4: dQ += scale dS K, dK += scale dS^T Q
+            dQp.noalias() += scale * (dS * Kp);
+            dKp.noalias() += scale * (dS.transpose() * Qp);
+          }
+          work.flops += 10.0 * double(n) * double(kc) * double(D);
+        });
+        ++work.tile_pairs;
+        progress();
+      });
     }
   }
   return work;
