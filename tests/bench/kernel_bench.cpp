@@ -2,6 +2,8 @@
 // run. One core (Eigen is built single-threaded). Flops as FlashAttention counts them:
 // forward 4*L*L*D, backward 2.5x that; GEMM 2*M*N*K. Each kernel's yardstick is the same GEMMs
 // it does, on the same tiles, without the softmax: BM_GemmForwardTiles and BM_GemmBackwardTiles.
+// BM_PairedForward/Backward alternate each kernel with the best GEMM every ~50 ms and report the
+// ratio per repetition, which a VM's slow spells hit alike (scripts/bench_kernel.sh prints both).
 //
 //   build/tests/bench/kernel_bench --benchmark_min_time=2 --benchmark_repetitions=3
 //       --benchmark_report_aggregates_only=true
