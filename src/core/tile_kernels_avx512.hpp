@@ -26,6 +26,16 @@ inline __mmask16 lanes(Index n) {
   return n >= 16 ? __mmask16(0xFFFF) : n <= 0 ? __mmask16(0) : __mmask16((1u << n) - 1);
 }
 
+// Calls fn.template operator()<M>() for M = rows, 1 <= rows <= Max (a row block's size as a
+// compile-time constant, so its accumulators stay in registers); nothing for rows outside.
+template <int Max, class Fn>
+inline void with_rows(Index rows, Fn&& fn) {
+  if constexpr (Max > 0) {
+    if (rows == Max) fn.template operator()<Max>();
+    else with_rows<Max - 1>(rows, fn);
+  }
+}
+
 // The largest lane (GCC 12 warns falsely inside _mm512_reduce_max_ps).
 inline float max_lane(__m512 x) {
   alignas(64) float v[16];
@@ -88,30 +98,20 @@ inline constexpr int kScoreRows = 8;  // 16 accumulators + 8 running maxima + 2 
 template <bool kGrad>
 inline void scores_any(const float* A, Index n, Index D, const float* BT, Index ldkt, Index tk, float alpha, float* S,
                        Index lds, float* rmax, const float* P, const float* delta) {
+  // rows [i, i + MR): rmax only without kGrad, P and delta only with it
+  auto block = [&]<int MR>(Index i) {
+    scores_rows<MR, kGrad>(A + i * D, D, BT, ldkt, tk, alpha, S + i * lds, lds, kGrad ? nullptr : rmax + i,
+                           kGrad ? P + i * lds : nullptr, kGrad ? delta + i : nullptr);
+  };
   Index i = 0;
-  for (; i + kScoreRows <= n; i += kScoreRows)
-    scores_rows<kScoreRows, kGrad>(A + i * D, D, BT, ldkt, tk, alpha, S + i * lds, lds, rmax + i, P + i * lds,
-                                   delta + i);
-  const float* a = A + i * D;
-  float* s = S + i * lds;
-  const float* p = P + i * lds;
-  const float* dl = delta + i;
-  switch (n - i) {  // the last rows
-    case 7: scores_rows<7, kGrad>(a, D, BT, ldkt, tk, alpha, s, lds, rmax + i, p, dl); break;
-    case 6: scores_rows<6, kGrad>(a, D, BT, ldkt, tk, alpha, s, lds, rmax + i, p, dl); break;
-    case 5: scores_rows<5, kGrad>(a, D, BT, ldkt, tk, alpha, s, lds, rmax + i, p, dl); break;
-    case 4: scores_rows<4, kGrad>(a, D, BT, ldkt, tk, alpha, s, lds, rmax + i, p, dl); break;
-    case 3: scores_rows<3, kGrad>(a, D, BT, ldkt, tk, alpha, s, lds, rmax + i, p, dl); break;
-    case 2: scores_rows<2, kGrad>(a, D, BT, ldkt, tk, alpha, s, lds, rmax + i, p, dl); break;
-    case 1: scores_rows<1, kGrad>(a, D, BT, ldkt, tk, alpha, s, lds, rmax + i, p, dl); break;
-    default: break;
-  }
+  for (; i + kScoreRows <= n; i += kScoreRows) block.template operator()<kScoreRows>(i);
+  with_rows<kScoreRows - 1>(n - i, [&]<int MR>() { block.template operator()<MR>(i); });
 }
 
 // S = alpha Q K^T over n rows; rmax[i] = row i's max.
 inline void scores(const float* Q, Index n, Index D, const float* KT, Index ldkt, Index tk, float alpha, float* S,
                    Index lds, float* rmax) {
-  scores_any<false>(Q, n, D, KT, ldkt, tk, alpha, S, lds, rmax, S, rmax);
+  scores_any<false>(Q, n, D, KT, ldkt, tk, alpha, S, lds, rmax, nullptr, nullptr);
 }
 
 // dS = alpha P o (dO V^T - delta) over n rows.
@@ -147,20 +147,13 @@ inline constexpr int kAccRows = 6;  // 6 x 4 accumulators + 4 B vectors in 32 re
 template <int NV, bool kTrans>
 inline void accumulate_cols(const float* A, Index rows, Index lda, const float* B, Index D, Index depth,
                             const float* c, float* O) {
-  auto at = [&](Index i) { return kTrans ? A + i : A + i * lda; };
-  auto ci = [&](Index i) { return c ? c + i : nullptr; };
+  // output rows [i, i + MR)
+  auto block = [&]<int MR>(Index i) {
+    accumulate_rows<MR, NV, kTrans>(kTrans ? A + i : A + i * lda, lda, B, D, depth, c ? c + i : nullptr, O + i * D);
+  };
   Index i = 0;
-  for (; i + kAccRows <= rows; i += kAccRows)
-    accumulate_rows<kAccRows, NV, kTrans>(at(i), lda, B, D, depth, ci(i), O + i * D);
-  float* o = O + i * D;
-  switch (rows - i) {
-    case 5: accumulate_rows<5, NV, kTrans>(at(i), lda, B, D, depth, ci(i), o); break;
-    case 4: accumulate_rows<4, NV, kTrans>(at(i), lda, B, D, depth, ci(i), o); break;
-    case 3: accumulate_rows<3, NV, kTrans>(at(i), lda, B, D, depth, ci(i), o); break;
-    case 2: accumulate_rows<2, NV, kTrans>(at(i), lda, B, D, depth, ci(i), o); break;
-    case 1: accumulate_rows<1, NV, kTrans>(at(i), lda, B, D, depth, ci(i), o); break;
-    default: break;
-  }
+  for (; i + kAccRows <= rows; i += kAccRows) block.template operator()<kAccRows>(i);
+  with_rows<kAccRows - 1>(rows - i, [&]<int MR>() { block.template operator()<MR>(i); });
 }
 
 // O = diag(c) O + A B (kTrans: A^T B) over `rows` output rows; D a multiple of 16, done 64

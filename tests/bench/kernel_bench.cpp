@@ -31,6 +31,24 @@ AlignedVector<T> randn(Index n, unsigned seed) {
   return x;
 }
 
+// GFLOP/s as Google Benchmark reports it: `flops` per iteration over the measured time.
+void report_rate(benchmark::State& st, double flops) {
+  st.counters["GFLOP/s"] =
+      benchmark::Counter(flops, benchmark::Counter::kIsIterationInvariantRate, benchmark::Counter::kIs1000);
+}
+
+// S = Q K^T tile by tile (tq x D times D x tk into one cached tile): the best Eigen GEMM here.
+template <class T>
+void gemm_tiles(const T* q, const T* k, Index L, Index D, Index TQ, Index TK, T* s) {
+  for (Index r0 = 0; r0 < L; r0 += TQ)
+    for (Index c0 = 0; c0 < L; c0 += TK) {
+      Eigen::Map<const Mat<T>> Q(q + r0 * D, TQ, D), K(k + c0 * D, TK, D);
+      Eigen::Map<Mat<T>> S(s, TQ, TK);
+      S.noalias() = Q * K.transpose();
+      benchmark::DoNotOptimize(s);
+    }
+}
+
 // The ceiling: Q K^T of one head, L x D times D x L, as one Eigen GEMM.
 template <class T>
 void BM_GemmQK(benchmark::State& st) {
@@ -42,8 +60,7 @@ void BM_GemmQK(benchmark::State& st) {
     S.noalias() = Q * K.transpose();
     benchmark::DoNotOptimize(S.data());
   }
-  st.counters["GFLOP/s"] = benchmark::Counter(2.0 * L * L * D, benchmark::Counter::kIsIterationInvariantRate,
-                                              benchmark::Counter::kIs1000);
+  report_rate(st, 2.0 * L * L * D);
 }
 
 // The same GEMM cut into the kernel's tiles (tq x D times D x tk into a cached tile).
@@ -52,17 +69,8 @@ void BM_GemmTiles(benchmark::State& st) {
   const Index L = st.range(0), D = st.range(1), TQ = st.range(2), TK = st.range(3);
   auto q = randn<T>(L * D, 1), k = randn<T>(L * D, 2);
   AlignedVector<T> s(TQ * TK);
-  for (auto _ : st) {
-    for (Index r0 = 0; r0 < L; r0 += TQ)
-      for (Index c0 = 0; c0 < L; c0 += TK) {
-        Eigen::Map<const Mat<T>> Q(q.data() + r0 * D, TQ, D), K(k.data() + c0 * D, TK, D);
-        Eigen::Map<Mat<T>> S(s.data(), TQ, TK);
-        S.noalias() = Q * K.transpose();
-        benchmark::DoNotOptimize(s.data());
-      }
-  }
-  st.counters["GFLOP/s"] = benchmark::Counter(2.0 * L * L * D, benchmark::Counter::kIsIterationInvariantRate,
-                                              benchmark::Counter::kIs1000);
+  for (auto _ : st) gemm_tiles(q.data(), k.data(), L, D, TQ, TK, s.data());
+  report_rate(st, 2.0 * L * L * D);
 }
 
 // The GEMMs of the forward kernel alone, on its tiles: S = Q K^T (tq x D by D x tk) and
@@ -84,8 +92,7 @@ void BM_GemmForwardTiles(benchmark::State& st) {
     }
     benchmark::DoNotOptimize(a.data());
   }
-  st.counters["GFLOP/s"] = benchmark::Counter(4.0 * L * L * D, benchmark::Counter::kIsIterationInvariantRate,
-                                              benchmark::Counter::kIs1000);
+  report_rate(st, 4.0 * L * L * D);
 }
 
 // The five GEMMs of the backward kernel alone, in its loop order (K/V tile outer): P = Q K^T,
@@ -111,8 +118,7 @@ void BM_GemmBackwardTiles(benchmark::State& st) {
     }
     benchmark::DoNotOptimize(dk.data());
   }
-  st.counters["GFLOP/s"] = benchmark::Counter(10.0 * L * L * D, benchmark::Counter::kIsIterationInvariantRate,
-                                              benchmark::Counter::kIs1000);
+  report_rate(st, 10.0 * L * L * D);
 }
 
 struct Problem {
@@ -165,8 +171,7 @@ void BM_BlockForward(benchmark::State& st) {
     flops = block_forward(qs, kv, none, 0.125f, s, ws).flops;
     benchmark::DoNotOptimize(p.acc.data());
   }
-  st.counters["GFLOP/s"] =
-      benchmark::Counter(flops, benchmark::Counter::kIsIterationInvariantRate, benchmark::Counter::kIs1000);
+  report_rate(st, flops);
 }
 
 void BM_BlockBackward(benchmark::State& st) {
@@ -181,12 +186,11 @@ void BM_BlockBackward(benchmark::State& st) {
     flops = block_backward(gq, kv, none, 0.125f, p.dk.data(), p.dv.data(), ws).flops;
     benchmark::DoNotOptimize(p.dk.data());
   }
-  st.counters["GFLOP/s"] =
-      benchmark::Counter(flops, benchmark::Counter::kIsIterationInvariantRate, benchmark::Counter::kIs1000);
+  report_rate(st, flops);
 }
 
 // Paired: each iteration runs the kernel and then the best Eigen GEMM of this file (the Q K^T
-// tiles, BM_GemmTiles' loop), back to back on the same shapes, each timed on its own. A VM's slow
+// tiles, gemm_tiles), back to back on the same shapes, each timed on its own. A VM's slow
 // phases last seconds, these alternate every ~50 ms, so the ratio of the two rates within one
 // repetition is what the kernel makes of the GEMM rate at that moment; repetitions give its spread.
 template <bool kBackward>
@@ -211,13 +215,7 @@ void BM_PairedWithGemm(benchmark::State& st) {
       flops = block_forward(qs, kv, none, 0.125f, s, ws).flops;
     }
     const auto t1 = clock::now();
-    for (Index r0 = 0; r0 < L; r0 += TQ)
-      for (Index c0 = 0; c0 < L; c0 += TK) {
-        Eigen::Map<const Mat<float>> Q(p.q.data() + r0 * D, TQ, D), K(p.k.data() + c0 * D, TK, D);
-        Eigen::Map<Mat<float>> S(tile.data(), TQ, TK);
-        S.noalias() = Q * K.transpose();
-        benchmark::DoNotOptimize(tile.data());
-      }
+    gemm_tiles(p.q.data(), p.k.data(), L, D, TQ, TK, tile.data());
     const auto t2 = clock::now();
     kernel_s += std::chrono::duration<double>(t1 - t0).count();
     gemm_s += std::chrono::duration<double>(t2 - t1).count();
