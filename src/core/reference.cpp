@@ -97,7 +97,7 @@ DenseResult reference_attention(const Shape& s, const Mask& mask, double scale, 
   constexpr Index R = 256;
   DenseResult r = empty_result(s, backward);
   if (S == 0) return r;
-  Mat P(std::min(R, S), S), dS(std::min(R, S), S);
+  Mat P(std::min(R, S), S), dS(backward ? std::min(R, S) : 0, S);
   const Eigen::OuterStride<> qs(H * D), ks(HKV * D);
   for (Index b = 0; b < B; ++b)
     for (Index h = 0; h < H; ++h) {

@@ -3,6 +3,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -29,24 +30,22 @@ extern "C" void on_signal(int sig) {
 }
 }  // namespace
 
+// One more path for the handler to remove. The fence keeps the path's bytes before the store of
+// count, so a signal in between sees either the old count or the whole path.
+void add(const std::string& f) {
+  if (count == kMax || f.size() >= sizeof(paths[0])) return;
+  std::memcpy(paths[count], f.c_str(), f.size() + 1);
+  std::atomic_signal_fence(std::memory_order_release);
+  count = count + 1;
+}
+
 void arm(const std::vector<std::string>& files) {
   count = 0;
-  for (const std::string& f : files) {
-    if (count == kMax || f.size() >= sizeof(paths[0])) break;
-    std::memcpy(paths[count], f.c_str(), f.size() + 1);
-    count = count + 1;
-  }
+  for (const std::string& f : files) add(f);
   struct sigaction sa {};
   sa.sa_handler = on_signal;
   sigemptyset(&sa.sa_mask);
   for (int k = 0; k < 3; ++k) sigaction(kSignals[k], &sa, &previous[k]);
-}
-
-// One more path for the handler to remove (the store of count comes after the path is whole).
-void add(const std::string& f) {
-  if (count == kMax || f.size() >= sizeof(paths[0])) return;
-  std::memcpy(paths[count], f.c_str(), f.size() + 1);
-  count = count + 1;
 }
 
 void disarm() {
@@ -88,16 +87,19 @@ template <class T>
 void StagedOutputs<T>::commit() {
   if (!staged_) return;
   agreed_runtime(comm_, [&] {
-    // A signal between two renames must not leave some outputs: each final path joins the
-    // handler's list before its rename, so an interrupted commit removes the renamed ones too.
+    // A signal or a failed rename between two renames must not leave some outputs: each final
+    // path joins the handler's list and committed_ before its rename, so an interrupted commit
+    // (the handler, or discard() once the failure is agreed) removes the renamed ones too.
     if (comm_.rank() == 0)
       for (const File& f : files_) {
         const std::string final_path = path_in(dir_, f.name + ".npy");
         partials::add(final_path);
+        committed_.push_back(final_path);
         std::filesystem::rename(temporary(f), final_path);
       }
   });
   staged_ = false;
+  committed_.clear();
   partials::disarm();
 }
 
@@ -105,6 +107,8 @@ template <class T>
 void StagedOutputs<T>::discard() {
   if (!staged_) return;
   for (const File& f : files_) std::remove(temporary(f).c_str());  // every rank: whoever gets there first
+  for (const std::string& p : committed_) std::remove(p.c_str());  // a commit that failed part-way
+  committed_.clear();
   staged_ = false;
   partials::disarm();
 }

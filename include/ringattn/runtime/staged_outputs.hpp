@@ -48,6 +48,7 @@ class StagedOutputs {
   core::DType dtype_;
   const core::Layout& layout_;
   std::vector<File> files_;
+  std::vector<std::string> committed_;  // rank 0: final paths renamed so far by commit()
   bool staged_ = false;
 };
 
