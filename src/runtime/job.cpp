@@ -44,6 +44,41 @@ std::string path_in(const std::string& dir, const std::string& file) {
   return (std::filesystem::path(dir) / file).string();
 }
 
+// Comm::gather takes equal lengths, so each rank leads with its own length and pads to the
+// longest; rank 0 then broadcasts the lot unless root_only.
+std::vector<std::vector<double>> all_gather(const comm::Comm& comm, const std::vector<double>& mine,
+                                            bool root_only) {
+  const std::size_t width = 1 + static_cast<std::size_t>(comm.max(static_cast<double>(mine.size())));
+  std::vector<double> padded(width, 0.0);
+  padded[0] = static_cast<double>(mine.size());
+  std::copy(mine.begin(), mine.end(), padded.begin() + 1);
+  std::vector<double> all = comm.gather(padded);
+  if (root_only && comm.rank() != 0) return {};
+  all.resize(width * comm.size());
+  if (!root_only) comm.broadcast(all, 0);
+  std::vector<std::vector<double>> out(comm.size());
+  for (int r = 0; r < comm.size(); ++r) {
+    const double* p = &all[r * width];
+    out[r].assign(p + 1, p + 1 + static_cast<std::size_t>(p[0]));
+  }
+  return out;
+}
+
+std::vector<double> gather_positions(const comm::Comm& comm, const std::vector<double>& mine, Index outer,
+                                     Index inner, const core::Layout& l, bool root_only) {
+  const auto parts = all_gather(comm, mine, root_only);
+  if (parts.empty()) return {};
+  const Index S = l.seq();
+  std::vector<double> g(outer * S * inner);
+  for (int r = 0; r < comm.size(); ++r) {
+    const Index L = l.size(r);
+    const auto pos = l.positions(r);
+    for (Index a = 0; a < outer; ++a)
+      for (Index i = 0; i < L; ++i) std::copy_n(&parts[r][(a * L + i) * inner], inner, &g[(a * S + pos[i]) * inner]);
+  }
+  return g;
+}
+
 std::string shape_str(const std::vector<Index>& v) {
   std::string s = "[";
   for (std::size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + std::to_string(v[i]);
@@ -323,60 +358,24 @@ struct Outputs {
   std::vector<T> o, lse, dq, dk, dv;
 };
 
-// max |x - ref| over this rank's positions of a global reference tensor [outer, S, inner];
-// -inf must match exactly and NaN never passes (returns +inf).
-template <class T>
-double local_max_diff(const std::vector<T>& x, const std::vector<double>& ref, Index outer, Index inner,
-                      const core::Layout& layout, int rank) {
-  const Index L = layout.size(rank), S = layout.seq();
-  auto pos = layout.positions(rank);
-  double diff = 0;
-  for (Index a = 0; a < outer; ++a)
-    for (Index i = 0; i < L; ++i)
-      for (Index e = 0; e < inner; ++e) {
-        const double mine = static_cast<double>(x[(a * L + i) * inner + e]);
-        const double want = ref[(a * S + pos[i]) * inner + e];
-        if (std::isnan(mine)) return std::numeric_limits<double>::infinity();
-        if (std::isinf(want) || std::isinf(mine)) {
-          if (mine != want) return std::numeric_limits<double>::infinity();
-          continue;
-        }
-        diff = std::max(diff, std::abs(mine - want));
-      }
-  return diff;
-}
-
-double max_abs_finite(const std::vector<double>& v) {
-  double m = 0;
-  for (double x : v)
-    if (std::isfinite(x)) m = std::max(m, std::abs(x));
-  return m;
-}
-
 template <class T>
 io::CheckReport run_check(const comm::Comm& comm, const JobConfig& c, const Plan& p, const Outputs<T>& out) {
   // Rank 0 alone builds the global float64 inputs and the dense reference, the whole O(S^2) cost
-  // of a check; every rank sends it its outputs, padded to the largest shard, and rank 0
-  // broadcasts the errors. Failures on rank 0 are agreed, so no rank waits in a collective.
+  // of a check; every rank sends it its outputs, and rank 0 broadcasts the errors. Failures on
+  // rank 0 are agreed, so no rank waits in a collective.
   const Shape& s = p.shape;
-  const int r = comm.rank(), N = comm.size();
-  const Index qi = s.H * s.D, ki = s.HKV * s.D, Lmax = p.layout.max_size();
+  const int r = comm.rank();
+  const Index qi = s.H * s.D, ki = s.HKV * s.D;
   struct Tensor {
     const std::vector<T>* local;
     Index outer, inner;
   };
   std::vector<Tensor> tensors = {{&out.o, s.B, qi}, {&out.lse, s.B * s.H, 1}};
   if (c.backward) tensors.insert(tensors.end(), {{&out.dq, s.B, qi}, {&out.dk, s.B, ki}, {&out.dv, s.B, ki}});
-  std::vector<std::vector<double>> gathered;
-  for (const Tensor& t : tensors) {
-    const Index L = p.layout.size(r);
-    std::vector<double> pad(t.outer * Lmax * t.inner, 0.0);
-    for (Index a = 0; a < t.outer; ++a)
-      for (Index i = 0; i < L; ++i)
-        for (Index e = 0; e < t.inner; ++e)
-          pad[(a * Lmax + i) * t.inner + e] = static_cast<double>((*t.local)[(a * L + i) * t.inner + e]);
-    gathered.push_back(comm.gather(pad));  // rank 0: N x [outer, Lmax, inner]
-  }
+  std::vector<std::vector<double>> gathered;  // rank 0: global [outer, S, inner]
+  for (const Tensor& t : tensors)
+    gathered.push_back(gather_positions(comm, std::vector<double>(t.local->begin(), t.local->end()), t.outer,
+                                        t.inner, p.layout, /*root_only=*/true));
 
   // [o, lse, dq, dk, dv] relative errors, NaN where not computed
   std::vector<double> err(5, std::numeric_limits<double>::quiet_NaN());
@@ -401,22 +400,7 @@ io::CheckReport run_check(const comm::Comm& comm, const JobConfig& c, const Plan
         c.rope ? core::reference_attention_rope(s, p.mask, p.scale, *c.rope, g[0], g[1], g[2], g[3], c.backward)
                : core::reference_attention(s, p.mask, p.scale, g[0], g[1], g[2], g[3], c.backward);
     const std::vector<double>* refs[5] = {&ref.o, &ref.lse, &ref.dq, &ref.dk, &ref.dv};
-    for (std::size_t k = 0; k < tensors.size(); ++k) {
-      const Tensor& t = tensors[k];
-      const Index chunk = t.outer * Lmax * t.inner;
-      double diff = 0;
-      for (int q = 0; q < N; ++q) {
-        const Index L = p.layout.size(q);
-        std::vector<double> mine(t.outer * L * t.inner);
-        for (Index a = 0; a < t.outer; ++a)
-          for (Index i = 0; i < L; ++i)
-            for (Index e = 0; e < t.inner; ++e)
-              mine[(a * L + i) * t.inner + e] = gathered[k][q * chunk + (a * Lmax + i) * t.inner + e];
-        diff = std::max(diff, local_max_diff(mine, *refs[k], t.outer, t.inner, p.layout, q));
-      }
-      const double scale = max_abs_finite(*refs[k]);
-      err[k] = scale < 1e-300 ? diff : diff / scale;
-    }
+    for (std::size_t k = 0; k < tensors.size(); ++k) err[k] = core::max_rel_error(gathered[k], *refs[k]);
   });
   comm.broadcast(err, 0);
   io::CheckReport cr;

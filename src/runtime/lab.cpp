@@ -81,39 +81,6 @@ std::vector<double> local_slice(const std::vector<double>& g, Index outer, Index
   return x;
 }
 
-// Every rank gets every rank's values. Comm::gather takes equal lengths, so each rank leads with
-// its own length and pads to the longest; rank 0 then broadcasts the lot.
-std::vector<std::vector<double>> all_gather(const comm::Comm& comm, const std::vector<double>& mine) {
-  const std::size_t width = 1 + static_cast<std::size_t>(comm.max(static_cast<double>(mine.size())));
-  std::vector<double> padded(width, 0.0);
-  padded[0] = static_cast<double>(mine.size());
-  std::copy(mine.begin(), mine.end(), padded.begin() + 1);
-  std::vector<double> all = comm.gather(padded);
-  all.resize(width * comm.size());
-  comm.broadcast(all, 0);
-  std::vector<std::vector<double>> out(comm.size());
-  for (int r = 0; r < comm.size(); ++r) {
-    const double* p = &all[r * width];
-    out[r].assign(p + 1, p + 1 + static_cast<std::size_t>(p[0]));
-  }
-  return out;
-}
-
-// Local [outer, L, inner] of every rank -> global [outer, S, inner], on every rank.
-std::vector<double> gather_positions(const comm::Comm& comm, const std::vector<double>& mine, Index outer,
-                                     Index inner, const core::Layout& l) {
-  const auto parts = all_gather(comm, mine);
-  const Index S = l.seq();
-  std::vector<double> g(outer * S * inner);
-  for (int r = 0; r < comm.size(); ++r) {
-    const Index L = l.size(r);
-    const auto pos = l.positions(r);
-    for (Index a = 0; a < outer; ++a)
-      for (Index i = 0; i < L; ++i) std::copy_n(&parts[r][(a * L + i) * inner], inner, &g[(a * S + pos[i]) * inner]);
-  }
-  return g;
-}
-
 // Records each event of this rank as a LabEvent, copying the state out of the packed layout.
 class Recorder final : public RingObserver<double> {
  public:

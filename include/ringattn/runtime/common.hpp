@@ -43,6 +43,15 @@ void agreed_runtime(const comm::Comm& comm, Fn&& fn) {
   if (auto e = comm.agree(err)) throw AgreedFailure(*e);
 }
 
+// Every rank's values (of any lengths), indexed by rank: on every rank, or with root_only on
+// rank 0 alone (the others get an empty result). Collective.
+std::vector<std::vector<double>> all_gather(const comm::Comm& comm, const std::vector<double>& mine,
+                                            bool root_only = false);
+// Every rank's local [outer, L, inner] tensor -> the global [outer, S, inner], placed by the
+// layout's positions; root_only as above. Collective.
+std::vector<double> gather_positions(const comm::Comm& comm, const std::vector<double>& mine, core::Index outer,
+                                     core::Index inner, const core::Layout& l, bool root_only = false);
+
 // DIR/FILE as a string.
 std::string path_in(const std::string& dir, const std::string& file);
 // A shape as "[2, 3]", for messages.
