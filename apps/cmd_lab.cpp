@@ -1,8 +1,10 @@
-// `ringattn lab`: the seed-000 walkthrough on real ranks (mpirun -np 2): five positions, every
-// event of the ring printed, checked against the dense float64 reference.
+// `ringattn lab`: the two-rank, five-position teaching example on real ranks (mpirun -np 2):
+// every event of the ring printed, checked against the dense float64 reference.
 #include <memory>
 
 #include "commands.hpp"
+#include "lab_text.hpp"
+#include "ringattn/runtime/harness.hpp"
 #include "ringattn/runtime/lab.hpp"
 
 namespace ringattn::app {
@@ -11,14 +13,14 @@ Command add_lab_command(CLI::App& parent) {
   auto cfg = std::make_shared<runtime::LabConfig>();
   runtime::LabConfig& c = *cfg;
   CLI::App* lab = parent.add_subcommand(
-      "lab", "the seed-000 walkthrough: five positions on two ranks, every ring event printed (mpirun -np 2)");
+      "lab", "the teaching example: five positions on two ranks, every ring event printed (mpirun -np 2)");
   lab->add_option("--partition", c.partition,
-                  "contiguous shard sizes n0,...,n(N-1) summing to S, one per rank (default 2,3: the seed's owners)")
+                  "contiguous shard sizes n0,...,n(N-1) summing to S, one per rank (default 2,3)")
       ->delimiter(',');
   lab->add_flag("--no-causal", [&c](std::int64_t) { c.causal = false; }, "every key visible (default causal j <= i)");
   lab->add_flag("--skip-empty", c.skip_empty,
                 "do not return all-zero dK/dV contributions, and print the bytes saved versus the full protocol");
-  lab->add_option("--inputs", c.inputs, "directory with q.npy k.npy v.npy dout.npy instead of the seed's tensors");
+  lab->add_option("--inputs", c.inputs, "directory with q.npy k.npy v.npy dout.npy instead of the example's tensors");
   lab->add_flag("--layer", c.layer,
                 "the whole layer around the ring: q,k,v = X Wq, X Wk, X Wv, Y = O Wo, weight gradients summed over ranks");
   lab->add_option("--report", c.report, "write the JSON report (the `run` format) here");
@@ -26,7 +28,12 @@ Command add_lab_command(CLI::App& parent) {
       ->group("");  // hidden
   Command cmd;
   cmd.cli = lab;
-  cmd.run = [cfg](const comm::Comm* comm) { return runtime::lab_job(*comm, *cfg); };
+  cmd.run = [cfg](comm::Comm* comm) {
+    comm->set_timeout(60);  // the lab's messages are tiny: a minute means a peer is gone
+    const runtime::LabResult res = runtime::lab_job(*comm, *cfg);
+    if (comm->rank() == 0) print_lab(res);
+    return runtime::exit_code(res.report);
+  };
   return cmd;
 }
 

@@ -1,4 +1,4 @@
-// `ringattn plan`: the seed-003 cost model for a shape and a machine, no MPI.
+// `ringattn plan`: the cost model for a shape and a machine, no MPI.
 #include <fmt/format.h>
 
 #include <cmath>
@@ -6,13 +6,13 @@
 
 #include "commands.hpp"
 #include "ringattn/core/cost_model.hpp"
-#include "ringattn/io/json.hpp"
+#include "ringattn/io/cost_json.hpp"
 
 namespace ringattn::app {
 
 namespace {
 
-// Decimal units, three significant digits, as the seed prints them (0.94 GB, 451 ms).
+// Decimal units, three significant digits (0.94 GB, 451 ms).
 std::string si(double v, const char* unit) {
   const char* prefix[] = {"", "k", "M", "G", "T", "P"};
   int k = 0;
@@ -31,39 +31,6 @@ std::string secs(double s) {
 }
 
 std::string pct(double r) { return fmt::format("{:.4g}%", 100 * r); }
-
-io::Json plan_json(const core::CostInputs& in, const core::CostEstimate& e) {
-  io::Json j = io::Json::object();
-  j["recv_bytes"] = e.recv_bytes;
-  j["send_bytes"] = e.send_bytes;
-  j["step_intensity"] = e.step_intensity;
-  j["layer_intensity"] = e.layer_intensity;  // null (inf) with one rank: nothing is received
-  j["beta"] = e.beta;
-  j["compute_s"] = e.compute_s;
-  j["comm_s"] = e.comm_s;
-  j["comm_ratio"] = e.comm_ratio;
-  j["step_compute_s"] = e.step_compute_s;
-  j["step_comm_s"] = e.step_comm_s;
-  j["max_ranks"] = static_cast<std::int64_t>(e.max_ranks);
-  j["causal_utilization"] = e.causal_utilization;
-  j["causal_utilization_tri"] = e.causal_utilization_tri;
-  j["ulysses_recv_bytes"] = e.ulysses_recv_bytes;
-  j["tp_bytes"] = e.tp_bytes;
-  j["verdict"] = core::verdict_text(e.verdict);
-  io::Json x = io::Json::object();
-  x["seq"] = static_cast<std::int64_t>(in.S);
-  x["ranks"] = static_cast<std::int64_t>(in.N);
-  x["heads"] = static_cast<std::int64_t>(in.H);
-  x["kv_heads"] = static_cast<std::int64_t>(in.HKV);
-  x["head_dim"] = static_cast<std::int64_t>(in.D);
-  x["batch"] = static_cast<std::int64_t>(in.B);
-  x["bytes"] = in.bytes;
-  x["flops"] = in.flops;
-  x["bandwidth"] = in.bandwidth;
-  x["causal"] = in.causal;
-  j["inputs"] = x;
-  return j;
-}
 
 void print_plan(const core::CostInputs& in, const core::CostEstimate& e) {
   const double L = double(in.S) / double(in.N);
@@ -107,7 +74,7 @@ Command add_plan_command(CLI::App& parent) {
   };
   auto opt = std::make_shared<Options>();
   core::CostInputs& in = opt->in;
-  CLI::App* plan = parent.add_subcommand("plan", "seed-003 cost model: bytes, intensity, beta, verdict (no MPI)");
+  CLI::App* plan = parent.add_subcommand("plan", "cost model: bytes, intensity, beta, verdict (no MPI)");
   plan->add_option("--seq", in.S, "total positions S")->capture_default_str();
   plan->add_option("--ranks", in.N, "devices N")->capture_default_str();
   plan->add_option("--heads", in.H, "query heads H")->capture_default_str();
@@ -123,9 +90,9 @@ Command add_plan_command(CLI::App& parent) {
   Command cmd;
   cmd.cli = plan;
   cmd.needs_mpi = false;
-  cmd.run = [opt](const comm::Comm*) {
+  cmd.run = [opt](comm::Comm*) {
     const core::CostEstimate e = core::estimate_cost(opt->in);  // validates: InputError -> exit 2
-    if (opt->json) fmt::print("{}\n", plan_json(opt->in, e).dump(2));
+    if (opt->json) fmt::print("{}\n", io::plan_json(opt->in, e).dump(2));
     else print_plan(opt->in, e);
     return 0;
   };

@@ -1,21 +1,17 @@
-// `ringattn run`: ring attention forward and backward over the MPI ranks.
+// `ringattn run`: attention (or a whole layer) forward and backward over the MPI ranks.
 #include <fmt/format.h>
+
+#include <memory>
 
 #include "commands.hpp"
 #include "ringattn/core/errors.hpp"
-#include "ringattn/runtime/job.hpp"
-#include "ringattn/runtime/layer.hpp"
+#include "ringattn/runtime/run_job.hpp"
+#include "run_text.hpp"
 
 namespace ringattn::app {
 
 Command add_run_command(CLI::App& parent) {
   auto cfg = std::make_shared<runtime::JobConfig>();
-  struct LayerOptions {
-    bool on = false;
-    std::optional<runtime::Index> model_dim;
-    bool average_weight_grads = false, rope_local_positions = false;  // test hooks
-  };
-  auto layer = std::make_shared<LayerOptions>();
   runtime::JobConfig& c = *cfg;
   CLI::App* run = parent.add_subcommand("run", "ring attention forward and backward over the MPI ranks");
   run->add_option("--seq", c.seq, "total positions S (default 1024)");
@@ -48,29 +44,36 @@ Command add_run_command(CLI::App& parent) {
   run->add_option("--tile-strip", c.tiling.strip_rows,
                   "rows per strip of a partially visible tile, each strip trimmed to the keys it sees (default 32)");
   run->add_option("--rope", c.rope, "RoPE (rotate-half) on q and k at global positions, base THETA; D even");
-  run->add_flag("--layer", layer->on,
+  run->add_flag("--layer", c.layer,
                 "a whole layer: x wq wk wv wo dy -> y dx dwq dwk dwv dwo (weight gradients summed over ranks)");
-  run->add_option("--model-dim", layer->model_dim, "model dim M for --layer (required unless --inputs gives it)");
-  run->add_flag("--debug-average-weight-grads", layer->average_weight_grads,
+  run->add_option("--model-dim", c.model_dim, "model dim M for --layer (required unless --inputs gives it)");
+  run->add_flag("--debug-average-weight-grads", c.average_weight_grads,
                 "test hook: average the weight gradients over ranks (wrong)")
       ->group("");
-  run->add_flag("--debug-rope-local-positions", layer->rope_local_positions,
+  run->add_flag("--debug-rope-local-positions", c.rope_local_positions,
                 "test hook: RoPE at local indices in --layer (wrong)")
       ->group("");
-  run->add_option("--debug-drop-grad-step", c.drop_grad_step, "test hook: ignore one returned gradient")
+  run->add_option("--debug-drop-grad-step", c.hooks.drop_grad_step, "test hook: ignore one returned gradient")
       ->group("");  // hidden
-  run->add_option("--debug-stall-rank", c.stall_rank, "test hook: this rank stalls before its first send")->group("");
-  run->add_option("--debug-stall-seconds", c.stall_s, "test hook: how long it stalls")->group("");
+  run->add_option("--debug-stall-rank", c.hooks.stall_rank, "test hook: this rank stalls before its first send")
+      ->group("");
+  run->add_option("--debug-stall-seconds", c.hooks.stall_s, "test hook: how long it stalls")->group("");
   Command cmd;
   cmd.cli = run;
-  cmd.run = [cfg, layer, run](const comm::Comm* comm) {
-    if (run->count("--window") && cfg->window < 1)
-      throw InputError(fmt::format("--window: {} is not a window (expected W >= 1)", cfg->window));
-    if (layer->on)
-      return runtime::run_layer_job(*comm, runtime::LayerConfig{*cfg, layer->model_dim, layer->average_weight_grads,
-                                                                layer->rope_local_positions});
-    if (run->count("--model-dim")) throw InputError("--model-dim: only applies with --layer");
-    return runtime::run_job(*comm, *cfg);
+  cmd.run = [cfg, run](comm::Comm* comm) {
+    runtime::JobConfig& c = *cfg;
+    if (run->count("--window") && c.window < 1)
+      throw InputError(fmt::format("--window: {} is not a window (expected W >= 1)", c.window));
+    if (!c.layer && run->count("--model-dim")) throw InputError("--model-dim: only applies with --layer");
+    comm->set_timeout(c.timeout);
+    ProgressLine progress;
+    if (comm->rank() == 0) {
+      c.progress.iteration = [&progress](int it, int n) { progress.iteration(it, n); };
+      c.progress.step = [&progress](int pass, int done, int steps) { progress.step(pass, done, steps); };
+    }
+    const runtime::RunResult res = runtime::run_job(*comm, c);
+    if (comm->rank() == 0) print_run(res);
+    return res.exit_code;
   };
   return cmd;
 }

@@ -13,7 +13,7 @@ struct Command {
   CLI::App* cli = nullptr;
   bool needs_mpi = true;
   // Called after a successful parse; returns the exit code, throws InputError / RuntimeFailure.
-  std::function<int(const comm::Comm*)> run;
+  std::function<int(comm::Comm*)> run;
 };
 
 // The launcher's rank before MPI is initialised (to let only rank 0 print parse errors).

@@ -10,6 +10,7 @@
 
 #include "commands.hpp"
 #include "ringattn/core/errors.hpp"
+#include "ringattn/runtime/staged_outputs.hpp"
 
 using namespace ringattn;
 
@@ -48,6 +49,7 @@ int main(int argc, char** argv) {
 
   std::optional<comm::Environment> env;
   std::optional<comm::Comm> world;
+  runtime::install_exit_signal_handlers();  // SIGINT/SIGTERM/SIGHUP: clean up, exit 128 + signal
   if (cmd->needs_mpi) {
     env.emplace(&argc, &argv);
     world.emplace(comm::Comm::world());

@@ -87,7 +87,9 @@ exec ip netns exec "\$ns" /bin/sh -c "\$*"
 EOF
 chmod +x "$agent"
 
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+set -a
+. "$(dirname "$0")/openmpi.env"  # root, oversubscription: the one definition the tests share
+set +a
 mpi=("$MPIRUN" -np 2 --host "$HOST_A,$HOST_B" --mca plm_rsh_agent "$agent"
      --mca btl self,tcp --mca btl_tcp_if_include "$IFACE" --mca oob_tcp_if_include "$IFACE")
 in_a() { timeout --kill-after=5 120 ip netns exec "$NS_A" "$@"; }

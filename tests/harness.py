@@ -1,7 +1,8 @@
 """What the end-to-end test scripts share (tests/cli, tests/robust, tests/torch).
 
-MPI_ENV is what Open MPI needs on a 2-core machine run as root: permission to run as root, more
-ranks than cores, and yielding while idle so oversubscribed ranks do not starve each other.
+MPI_ENV is what Open MPI needs on a 2-core machine run as root (scripts/openmpi.env, the one place
+it is defined): permission to run as root, more ranks than cores, and yielding while idle so
+oversubscribed ranks do not starve each other.
 check() records one named assertion; main() runs `test_NAME` of the calling script, given as the
 first argument, and turns the recorded failures into the exit code (0 passed, 1 failed, 2 usage).
 
@@ -13,8 +14,21 @@ import os
 import subprocess
 import sys
 
-MPI_ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
-           "OMPI_MCA_rmaps_base_oversubscribe": "1", "OMPI_MCA_mpi_yield_when_idle": "1"}
+
+
+def _read_env(path):
+    env = {}
+    with open(path) as f:
+        for line in f:
+            line = line.strip()
+            if line and not line.startswith("#") and "=" in line:
+                key, value = line.split("=", 1)
+                env[key] = value
+    return env
+
+
+MPI_ENV = _read_env(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts",
+                                 "openmpi.env"))
 FAILURES = []
 
 

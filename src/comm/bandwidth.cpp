@@ -34,7 +34,7 @@ void fill_pattern(std::vector<unsigned char>& buf, int r) {
 BandwidthSample ring_transfer(const Comm& comm, std::size_t bytes, int window, const BandwidthOptions& opt) {
   if (bytes > static_cast<std::size_t>(INT_MAX))
     throw InputError("--max-bytes: " + std::to_string(bytes) + " exceeds MPI's int count (expected <= 2147483647)");
-  const auto mpi = reinterpret_cast<MPI_Comm>(comm.native());
+  const MPI_Comm mpi = detail::mpi(comm);
   const int count = static_cast<int>(bytes), next = comm.next(), prev = comm.prev();
   window = std::max(1, window);
   // One send buffer for the whole window (MPI allows concurrent sends from one buffer); a slice
@@ -50,7 +50,9 @@ BandwidthSample ring_transfer(const Comm& comm, std::size_t bytes, int window, c
       check(MPI_Irecv(recvbuf.data() + w * bytes, count, MPI_BYTE, prev, kTagBandwidth, mpi, &reqs[w]), "MPI_Irecv");
     for (int w = 0; w < window; ++w)
       check(MPI_Isend(sendbuf.data(), count, MPI_BYTE, next, kTagBandwidth, mpi, &reqs[window + w]), "MPI_Isend");
-    check(MPI_Waitall(2 * window, reqs.data(), MPI_STATUSES_IGNORE), "MPI_Waitall");
+    detail::wait_all(2 * window, reqs.data(), comm.timeout(), [&] {
+      return "rank " + std::to_string(comm.rank()) + ": a bandwidth message from rank " + std::to_string(prev);
+    });
     return MPI_Wtime() - t0;
   };
 

@@ -2,26 +2,32 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
-#include <climits>
+#include <chrono>
 #include <cstdio>
-#include <cstring>
+#include <string>
+#include <thread>
 
+#include "mpi_util.hpp"
 #include "ringattn/comm/comm.hpp"
 #include "ringattn/core/errors.hpp"
-#include "mpi_util.hpp"
 
 namespace ringattn::comm {
 
 using detail::check;
 
 Environment::Environment(int* argc, char*** argv) {
+  int initialised = 0;
+  MPI_Initialized(&initialised);
+  if (initialised) return;
   int provided = 0;
   MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided);
+  owner_ = true;
   // Errors come back as codes and become exceptions, instead of MPI aborting silently.
   MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
 }
 
 Environment::~Environment() {
+  if (!owner_) return;
   int finalized = 0;
   MPI_Finalized(&finalized);
   if (!finalized) MPI_Finalize();
@@ -31,8 +37,36 @@ double wtime() { return MPI_Wtime(); }
 
 void abort_job(int code) {
   spdlog::default_logger()->flush();
+  std::fflush(stdout);
+  std::fflush(stderr);
   MPI_Abort(MPI_COMM_WORLD, code);
   std::abort();  // not reached
+}
+
+double detail::wait_all(int n, MPI_Request* reqs, double timeout_s, core::FunctionRef<std::string()> describe) {
+  if (n == 0) return 0.0;
+  const double t0 = MPI_Wtime();
+  if (timeout_s <= 0) {
+    check(MPI_Waitall(n, reqs, MPI_STATUSES_IGNORE), "MPI_Waitall");
+    return MPI_Wtime() - t0;
+  }
+  double pause = 0;  // seconds between polls once the first millisecond has passed
+  for (;;) {
+    int done = 0;
+    check(MPI_Testall(n, reqs, &done, MPI_STATUSES_IGNORE), "MPI_Testall");
+    const double waited = MPI_Wtime() - t0;
+    if (done) return waited;
+    if (waited > timeout_s) {
+      // One line, on this rank's log (tagged with the rank), then the whole job ends.
+      spdlog::error("timeout: {} did not complete within --timeout {} s; aborting the job",
+                    describe ? describe() : std::string("a transfer"), timeout_s);
+      abort_job(kExitRuntime);
+    }
+    if (waited > 1e-3) {
+      pause = std::min(1e-3, std::max(2e-5, 1.5 * pause));
+      std::this_thread::sleep_for(std::chrono::duration<double>(pause));
+    }
+  }
 }
 
 struct Comm::Impl {
@@ -44,13 +78,23 @@ struct Comm::Impl {
   }
 };
 
+void Comm::set_from(void* native) {
+  impl_ = std::make_unique<Impl>();
+  check(MPI_Comm_dup(reinterpret_cast<MPI_Comm>(native), &impl_->comm), "MPI_Comm_dup");
+  MPI_Comm_set_errhandler(impl_->comm, MPI_ERRORS_RETURN);
+  MPI_Comm_rank(impl_->comm, &rank_);
+  MPI_Comm_size(impl_->comm, &size_);
+}
+
 Comm Comm::world() {
   Comm c;
-  c.impl_ = std::make_unique<Impl>();
-  check(MPI_Comm_dup(MPI_COMM_WORLD, &c.impl_->comm), "MPI_Comm_dup");
-  MPI_Comm_set_errhandler(c.impl_->comm, MPI_ERRORS_RETURN);
-  MPI_Comm_rank(c.impl_->comm, &c.rank_);
-  MPI_Comm_size(c.impl_->comm, &c.size_);
+  c.set_from(reinterpret_cast<void*>(MPI_COMM_WORLD));
+  return c;
+}
+
+Comm Comm::duplicate(void* native) {
+  Comm c;
+  c.set_from(native);
   return c;
 }
 
@@ -60,60 +104,119 @@ Comm::~Comm() = default;
 
 void* Comm::native() const { return reinterpret_cast<void*>(impl_->comm); }
 
-void Comm::barrier() const { check(MPI_Barrier(impl_->comm), "MPI_Barrier"); }
+namespace {
+std::string collective(const char* name, int rank) {
+  return std::string(name) + " on rank " + std::to_string(rank) + " (a peer stopped before reaching it)";
+}
+}  // namespace
 
-std::optional<std::string> Comm::agree(const std::string& local_error) const {
-  int mine = local_error.empty() ? INT_MAX : rank_;
-  int first = INT_MAX;
-  check(MPI_Allreduce(&mine, &first, 1, MPI_INT, MPI_MIN, impl_->comm), "MPI_Allreduce");
-  if (first == INT_MAX) return std::nullopt;
-  // The lowest failing rank tells everyone what went wrong.
-  int len = first == rank_ ? static_cast<int>(local_error.size()) : 0;
-  check(MPI_Bcast(&len, 1, MPI_INT, first, impl_->comm), "MPI_Bcast");
-  std::string msg(len, '\0');
-  if (first == rank_) msg = local_error;
-  check(MPI_Bcast(msg.data(), len, MPI_CHAR, first, impl_->comm), "MPI_Bcast");
-  return msg;
+void Comm::barrier() const {
+  MPI_Request r;
+  check(MPI_Ibarrier(impl_->comm, &r), "MPI_Ibarrier");
+  detail::wait_all(1, &r, timeout_s_, [&] { return collective("a barrier", rank_); });
 }
 
-double Comm::max(double v) const {
-  double out = 0;
-  check(MPI_Allreduce(&v, &out, 1, MPI_DOUBLE, MPI_MAX, impl_->comm), "MPI_Allreduce");
-  return out;
+template <class T>
+static void allreduce(const Comm& c, std::span<T> v, MPI_Datatype type, MPI_Op op, double timeout, const char* what) {
+  MPI_Request r;
+  check(MPI_Iallreduce(MPI_IN_PLACE, v.data(), detail::as_count(std::int64_t(v.size()), what), type, op,
+                       detail::mpi(c), &r),
+        "MPI_Iallreduce");
+  detail::wait_all(1, &r, timeout, [&] { return collective(what, c.rank()); });
 }
 
-double Comm::sum(double v) const {
-  double out = 0;
-  check(MPI_Allreduce(&v, &out, 1, MPI_DOUBLE, MPI_SUM, impl_->comm), "MPI_Allreduce");
-  return out;
+void Comm::allreduce_max(std::span<double> v) const {
+  allreduce(*this, v, MPI_DOUBLE, MPI_MAX, timeout_s_, "an all-reduce");
+}
+void Comm::allreduce_sum(std::span<double> v) const {
+  allreduce(*this, v, MPI_DOUBLE, MPI_SUM, timeout_s_, "an all-reduce");
+}
+void Comm::allreduce_min(std::span<std::int64_t> v) const {
+  allreduce(*this, v, MPI_INT64_T, MPI_MIN, timeout_s_, "an all-reduce");
+}
+void Comm::allreduce_max(std::span<std::int64_t> v) const {
+  allreduce(*this, v, MPI_INT64_T, MPI_MAX, timeout_s_, "an all-reduce");
 }
 
-void Comm::max_inplace(std::span<double> v) const {
-  check(MPI_Allreduce(MPI_IN_PLACE, v.data(), static_cast<int>(v.size()), MPI_DOUBLE, MPI_MAX, impl_->comm),
-        "MPI_Allreduce");
-}
-
-std::vector<double> Comm::gather(std::span<const double> v) const {
-  std::vector<double> all(rank_ == 0 ? v.size() * size_ : 0);
-  check(MPI_Gather(v.data(), static_cast<int>(v.size()), MPI_DOUBLE, all.data(), static_cast<int>(v.size()),
-                   MPI_DOUBLE, 0, impl_->comm),
-        "MPI_Gather");
+std::vector<std::byte> Comm::gather_bytes(std::span<const std::byte> mine, int root,
+                                          std::vector<std::size_t>& counts) const {
+  // Every rank's count first (fixed size), then the bytes.
+  std::vector<int> n(size_);
+  const int own = detail::as_count(std::int64_t(mine.size()), "a gather");
+  MPI_Request r;
+  check(MPI_Iallgather(&own, 1, MPI_INT, n.data(), 1, MPI_INT, impl_->comm, &r), "MPI_Iallgather");
+  detail::wait_all(1, &r, timeout_s_, [&] { return collective("a gather", rank_); });
+  std::vector<int> displs(size_, 0);
+  std::int64_t total = 0;
+  for (int q = 0; q < size_; ++q) {
+    displs[q] = detail::as_count(total, "a gather");
+    total += n[q];
+  }
+  detail::as_count(total, "a gather");
+  const bool here = root < 0 || root == rank_;
+  std::vector<std::byte> all(here ? std::size_t(total) : 0);
+  counts.assign(n.begin(), n.end());
+  if (!here) counts.clear();
+  if (root < 0)
+    check(MPI_Iallgatherv(mine.data(), own, MPI_BYTE, all.data(), n.data(), displs.data(), MPI_BYTE, impl_->comm, &r),
+          "MPI_Iallgatherv");
+  else
+    check(MPI_Igatherv(mine.data(), own, MPI_BYTE, all.data(), n.data(), displs.data(), MPI_BYTE, root, impl_->comm,
+                       &r),
+          "MPI_Igatherv");
+  detail::wait_all(1, &r, timeout_s_, [&] { return collective("a gather", rank_); });
   return all;
 }
 
-void Comm::broadcast(std::span<double> v, int root) const {
-  check(MPI_Bcast(v.data(), static_cast<int>(v.size()), MPI_DOUBLE, root, impl_->comm), "MPI_Bcast");
+void Comm::broadcast_bytes(std::span<std::byte> buf, int root) const {
+  MPI_Request r;
+  check(MPI_Ibcast(buf.data(), detail::as_count(std::int64_t(buf.size()), "a broadcast"), MPI_BYTE, root, impl_->comm,
+                   &r),
+        "MPI_Ibcast");
+  detail::wait_all(1, &r, timeout_s_, [&] { return collective("a broadcast", rank_); });
+}
+
+double Comm::alltoallv(const void* send, std::span<const std::int64_t> send_counts,
+                       std::span<const std::int64_t> send_displs, void* recv,
+                       std::span<const std::int64_t> recv_counts, std::span<const std::int64_t> recv_displs,
+                       const std::string& what) const {
+  std::vector<int> sc(size_), sd(size_), rc(size_), rd(size_);
+  for (int q = 0; q < size_; ++q) {
+    sc[q] = detail::as_count(send_counts[q], what.c_str());
+    sd[q] = detail::as_count(send_displs[q], what.c_str());
+    rc[q] = detail::as_count(recv_counts[q], what.c_str());
+    rd[q] = detail::as_count(recv_displs[q], what.c_str());
+  }
+  MPI_Request r;
+  check(MPI_Ialltoallv(send, sc.data(), sd.data(), MPI_BYTE, recv, rc.data(), rd.data(), MPI_BYTE, impl_->comm, &r),
+        "MPI_Ialltoallv");
+  return detail::wait_all(1, &r, timeout_s_, [&] { return what + " on rank " + std::to_string(rank_); });
+}
+
+Comm Comm::split(int colour, int key) const {
+  MPI_Comm out = MPI_COMM_NULL;
+  check(MPI_Comm_split(impl_->comm, colour, key, &out), "MPI_Comm_split");
+  Comm c;
+  c.impl_ = std::make_unique<Impl>();
+  c.impl_->comm = out;
+  MPI_Comm_set_errhandler(out, MPI_ERRORS_RETURN);
+  MPI_Comm_rank(out, &c.rank_);
+  MPI_Comm_size(out, &c.size_);
+  c.timeout_s_ = timeout_s_;
+  return c;
 }
 
 // ---- Exchange -------------------------------------------------------------------------------
 
 struct Exchange::Impl {
   MPI_Comm comm;
+  double timeout_s;
   std::vector<MPI_Request> reqs;
 };
 
 Exchange::Exchange(const Comm& comm) : impl_(std::make_unique<Impl>()) {
-  impl_->comm = reinterpret_cast<MPI_Comm>(comm.native());
+  impl_->comm = detail::mpi(comm);
+  impl_->timeout_s = comm.timeout();
   impl_->reqs.reserve(4);
 }
 
@@ -121,21 +224,17 @@ Exchange::~Exchange() {
   if (!impl_->reqs.empty()) MPI_Waitall(static_cast<int>(impl_->reqs.size()), impl_->reqs.data(), MPI_STATUSES_IGNORE);
 }
 
-static int byte_count(std::size_t bytes) {
-  if (bytes > static_cast<std::size_t>(INT_MAX))
-    throw RuntimeFailure("a single message of " + std::to_string(bytes) + " bytes exceeds MPI's int count");
-  return static_cast<int>(bytes);
-}
-
 void Exchange::isend(const void* buf, std::size_t bytes, int peer, int tag) {
   MPI_Request r;
-  check(MPI_Isend(buf, byte_count(bytes), MPI_BYTE, peer, tag, impl_->comm, &r), "MPI_Isend");
+  check(MPI_Isend(buf, detail::as_count(std::int64_t(bytes), "MPI_Isend"), MPI_BYTE, peer, tag, impl_->comm, &r),
+        "MPI_Isend");
   impl_->reqs.push_back(r);
 }
 
 void Exchange::irecv(void* buf, std::size_t bytes, int peer, int tag) {
   MPI_Request r;
-  check(MPI_Irecv(buf, byte_count(bytes), MPI_BYTE, peer, tag, impl_->comm, &r), "MPI_Irecv");
+  check(MPI_Irecv(buf, detail::as_count(std::int64_t(bytes), "MPI_Irecv"), MPI_BYTE, peer, tag, impl_->comm, &r),
+        "MPI_Irecv");
   impl_->reqs.push_back(r);
 }
 
@@ -148,21 +247,11 @@ bool Exchange::test() {
   return done != 0;
 }
 
-double Exchange::wait(double timeout_s, core::FunctionRef<std::string()> describe) {
-  if (impl_->reqs.empty()) return 0.0;
-  const double t0 = MPI_Wtime();
-  if (timeout_s <= 0) {
-    check(MPI_Waitall(static_cast<int>(impl_->reqs.size()), impl_->reqs.data(), MPI_STATUSES_IGNORE), "MPI_Waitall");
-    impl_->reqs.clear();
-    return MPI_Wtime() - t0;
-  }
-  // Watchdog: poll, and end the job if a peer never answers.
-  while (!test()) {
-    if (MPI_Wtime() - t0 > timeout_s) {
-      detail::timeout_abort(describe(), timeout_s);
-    }
-  }
-  return MPI_Wtime() - t0;
+double Exchange::wait(core::FunctionRef<std::string()> describe) {
+  const double w =
+      detail::wait_all(static_cast<int>(impl_->reqs.size()), impl_->reqs.data(), impl_->timeout_s, describe);
+  impl_->reqs.clear();
+  return w;
 }
 
 bool Exchange::idle() const { return impl_->reqs.empty(); }

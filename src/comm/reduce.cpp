@@ -23,10 +23,7 @@ MPI_Datatype mpi_type() {
   return std::is_same_v<T, float> ? MPI_FLOAT : MPI_DOUBLE;
 }
 
-int as_count(std::int64_t n) {
-  if (n > INT_MAX) throw RuntimeFailure("a reduction of " + std::to_string(n) + " elements exceeds MPI's int count");
-  return static_cast<int>(n);
-}
+int as_count(std::int64_t n) { return detail::as_count(n, "an ordered all-reduce"); }
 
 enum class Phase { idle, scatter, gather, done };
 
@@ -43,6 +40,7 @@ template <class T>
 struct OrderedAllreduce<T>::Impl {
   MPI_Comm comm = MPI_COMM_NULL;
   int rank = 0, N = 1;
+  double timeout_s = 0;
   T* total = nullptr;
   Phase phase = Phase::idle;
   bool waited = false;  // wait() was called for the current reduction
@@ -92,8 +90,9 @@ struct OrderedAllreduce<T>::Impl {
 
 template <class T>
 OrderedAllreduce<T>::OrderedAllreduce(const Comm& comm) : impl_(std::make_unique<Impl>()) {
-  check(MPI_Comm_dup(reinterpret_cast<MPI_Comm>(comm.native()), &impl_->comm), "MPI_Comm_dup");
+  check(MPI_Comm_dup(detail::mpi(comm), &impl_->comm), "MPI_Comm_dup");
   MPI_Comm_set_errhandler(impl_->comm, MPI_ERRORS_RETURN);
+  impl_->timeout_s = comm.timeout();
   impl_->rank = comm.rank();
   impl_->N = comm.size();
 }
@@ -164,7 +163,7 @@ bool OrderedAllreduce<T>::test() {
 }
 
 template <class T>
-void OrderedAllreduce<T>::wait(double timeout_s, core::FunctionRef<std::string()> describe) {
+void OrderedAllreduce<T>::wait(core::FunctionRef<std::string()> describe) {
   Impl& m = *impl_;
   if (m.phase == Phase::idle || m.waited) return;
   m.waited = true;
@@ -174,34 +173,29 @@ void OrderedAllreduce<T>::wait(double timeout_s, core::FunctionRef<std::string()
   }
   const double sum_before = m.sum_s;
   const double t0 = MPI_Wtime();
-  if (timeout_s <= 0) {
-    while (active()) {
-      check(MPI_Wait(&m.req, MPI_STATUS_IGNORE), "MPI_Wait (ordered all-reduce)");
-      if (m.phase == Phase::scatter) m.finish_scatter();
-      else m.finish();
-    }
-  } else {
-    while (!m.test()) {
-      if (MPI_Wtime() - t0 > timeout_s) {
-        detail::timeout_abort(describe ? describe() : std::string("an ordered all-reduce"), timeout_s);
-      }
-    }
+  // Each phase completes under the watchdog; the reduce-scatter's completion starts the gather.
+  while (active()) {
+    detail::wait_all(1, &m.req, m.timeout_s, [&] {
+      return describe ? describe() : "rank " + std::to_string(m.rank) + ": an ordered all-reduce";
+    });
+    if (m.phase == Phase::scatter) m.finish_scatter();
+    else m.finish();
   }
   // Exposed = blocked; the rank-order sum of this rank's segment is compute, not waiting.
   m.stats.exposed_s = (MPI_Wtime() - t0) - (m.sum_s - sum_before);
 }
 
 template <class T>
-ReduceStats ordered_allreduce(const Comm& comm, const T* partial, T* total, std::int64_t n, double timeout_s) {
+ReduceStats ordered_allreduce(const Comm& comm, const T* partial, T* total, std::int64_t n) {
   OrderedAllreduce<T> red(comm);
   red.start(partial, total, n);
-  red.wait(timeout_s);
+  red.wait();
   return red.stats();
 }
 
 template class OrderedAllreduce<float>;
 template class OrderedAllreduce<double>;
-template ReduceStats ordered_allreduce<float>(const Comm&, const float*, float*, std::int64_t, double);
-template ReduceStats ordered_allreduce<double>(const Comm&, const double*, double*, std::int64_t, double);
+template ReduceStats ordered_allreduce<float>(const Comm&, const float*, float*, std::int64_t);
+template ReduceStats ordered_allreduce<double>(const Comm&, const double*, double*, std::int64_t);
 
 }  // namespace ringattn::comm

@@ -211,8 +211,8 @@ void for_each_tile(const Mask& mask, std::span<const Index> qpos, Index G, std::
 }
 
 template <class T>
-Work block_forward(const QueryShard<T>& q, const KVBlock<T>& kv, const Mask& mask, T scale, OnlineState<T> st,
-                   Workspace<T>& ws, Progress progress) {
+Work block_forward(const QueryShard<T>& q, const KVBlock<T>& kv, const Mask& mask, accum_t<T> scale,
+                   OnlineState<accum_t<T>> st, Workspace<accum_t<T>>& ws, Progress progress) {
   // B, HKV, G, D shared; Lq rows*G on the query side, Lk keys on the block side.
   const Index G = q.pk.G, D = q.pk.D, rows = q.pk.L * G, Lk = kv.pk.L;
   Work work;
@@ -312,15 +312,15 @@ void finalize_forward(const Packing& pk, OnlineState<T> st) {
 }
 
 template <class T>
-void compute_delta(const Packing& pk, const T* dout, const T* o, T* delta) {
+void compute_delta(const Packing& pk, const T* dout, const accum_t<T>* o, accum_t<T>* delta) {
   const Index rows = pk.row_elems(), D = pk.D;
   CMap<T> dO(dout, rows, D), O(o, rows, D);
   Eigen::Map<Eigen::Matrix<T, Eigen::Dynamic, 1>>(delta, rows) = (dO.array() * O.array()).rowwise().sum();
 }
 
 template <class T>
-Work block_backward(const GradQueryShard<T>& gq, const KVBlock<T>& kv, const Mask& mask, T scale, T* dk, T* dv,
-                    Workspace<T>& ws, Progress progress) {
+Work block_backward(const GradQueryShard<T>& gq, const KVBlock<T>& kv, const Mask& mask, accum_t<T> scale,
+                    accum_t<T>* dk, accum_t<T>* dv, Workspace<accum_t<T>>& ws, Progress progress) {
   const QueryShard<T>& q = gq.q;
   const Index G = q.pk.G, D = q.pk.D, rows = q.pk.L * G, Lk = kv.pk.L;
   Work work;

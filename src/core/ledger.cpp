@@ -25,9 +25,11 @@ std::string Shape::str() const { return fmt::format("B={} S={} H={} HKV={} D={}"
 
 std::string Ledger::str() const {
   return fmt::format(
-      "fwd {}/{} replay {}/{} grad {}/{} (send/recv elems), resident {}, remote {}, online {}", fwd_kv_send_elems,
-      fwd_kv_recv_elems, replay_kv_send_elems, replay_kv_recv_elems, grad_send_elems, grad_recv_elems,
-      resident_qkv_elems, remote_block_elems, online_state_elems);
+      "fwd {}/{} replay {}/{} grad {}/{} a2a fwd {}/{} bwd {}/{} (send/recv elems), {}/{} bytes, resident {}, "
+      "remote {}, online {}",
+      fwd_kv_send_elems, fwd_kv_recv_elems, replay_kv_send_elems, replay_kv_recv_elems, grad_send_elems,
+      grad_recv_elems, a2a_fwd_send_elems, a2a_fwd_recv_elems, a2a_bwd_send_elems, a2a_bwd_recv_elems, send_bytes,
+      recv_bytes, resident_qkv_elems, remote_block_elems, online_state_elems);
 }
 
 Ledger expected_ledger(const Layout& layout, const Shape& s, int r, bool backward) {

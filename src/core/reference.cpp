@@ -143,7 +143,7 @@ DenseResult reference_attention(const Shape& s, const Mask& mask, double scale, 
   return r;
 }
 
-double max_rel_error(const std::vector<double>& x, const std::vector<double>& ref) {
+double max_rel_error(const std::vector<double>& x, const std::vector<double>& ref, double floor) {
   const double inf = std::numeric_limits<double>::infinity();
   if (x.size() != ref.size()) return inf;
   double max_ref = 0, max_diff = 0;
@@ -156,7 +156,8 @@ double max_rel_error(const std::vector<double>& x, const std::vector<double>& re
     max_ref = std::max(max_ref, std::abs(ref[n]));
     max_diff = std::max(max_diff, std::abs(x[n] - ref[n]));
   }
-  return max_ref < 1e-300 ? max_diff : max_diff / max_ref;
+  const double denom = std::max(max_ref, floor);
+  return denom < 1e-300 ? max_diff : max_diff / denom;
 }
 
 }  // namespace ringattn::core

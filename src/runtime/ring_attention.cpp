@@ -1,5 +1,7 @@
 #include "ringattn/runtime/ring_attention.hpp"
 
+#include "ringattn/core/errors.hpp"
+
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -16,7 +18,7 @@ enum Tag : int { kTagForward = 11, kTagReplay = 12, kTagGrad = 13 };
 }  // namespace
 
 template <class T>
-RingAttention<T>::RingAttention(const comm::Comm& comm, const RingSetup& setup)
+RingAttention<T>::RingAttention(const comm::Comm& comm, const StrategySetup& setup)
     : comm_(comm),
       s_(setup),
       plan_(*setup.layout, *setup.mask, setup.traffic),
@@ -54,12 +56,27 @@ core::KVBlock<T> RingAttention<T>::view(int owner, const T* kv) const {
 
 template <class T>
 Index RingAttention<T>::resident_bytes() const {
-  Index elems = 0;
-  for (const auto* v : {&q_, &kv_own_, &dout_, &m_, &l_, &acc_, &delta_, &dq_, &dkv_own_, &kv_buf_[0], &kv_buf_[1],
-                        &grad_send_[0], &grad_send_[1], &grad_recv_[0], &grad_recv_[1], &ws_.s, &ws_.p, &ws_.rowbuf,
-                        &ws_.rowmax, &ws_.kt})
-    elems += static_cast<Index>(v->size());
-  return elems * static_cast<Index>(sizeof(T));
+  auto bytes = [](const auto&... v) { return ((Index(v.size()) * Index(sizeof(v[0]))) + ...); };
+  return bytes(q_, kv_own_, dout_, kv_buf_[0], kv_buf_[1]) +
+         bytes(m_, l_, acc_, delta_, dq_, dkv_own_, grad_send_[0], grad_send_[1], grad_recv_[0], grad_recv_[1]) +
+         bytes(ws_.s, ws_.p, ws_.rowbuf, ws_.rowmax, ws_.kt);
+}
+
+template <class T>
+Index RingAttention<T>::planned_bytes(const StrategySetup& setup, int r, bool backward) {
+  const core::Shape& sh = setup.shape;
+  const core::Layout& l = *setup.layout;
+  const int N = l.ranks();
+  const Index L = l.size(r), es = Index(sizeof(T)), ea = Index(sizeof(A));
+  const Index kv = sh.B * sh.HKV * sh.D, q = sh.B * sh.H * sh.D, rows = sh.B * sh.H;
+  const Index own = 2 * kv * L, block = 2 * kv * l.max_size();
+  Index bytes = es * (q * L + own) + ea * (2 * rows * L + q * L);  // q, own K/V; m, l, acc
+  if (N > 1) bytes += es * 2 * block;                               // the two remote K/V buffers
+  if (backward) {
+    bytes += es * q * L + ea * (rows * L + q * L + own);  // dout; delta, dq, own dK/dV
+    if (N > 1) bytes += ea * (2 * block + 2 * own);       // gradient send and receive buffers
+  }
+  return bytes + core::Workspace<A>::bytes(setup.tiling, sh.D);
 }
 
 template <class T>
@@ -80,15 +97,17 @@ void RingAttention<T>::allocate_backward() {
 }
 
 template <class T>
-void RingAttention<T>::load(const T* q, const T* k, const T* v, const T* dout) {
+void RingAttention<T>::load_dout(const T* dout) {
+  allocate_backward();
+  core::pack_heads(pq_, dout, dout_.data());
+}
+
+template <class T>
+void RingAttention<T>::load(const T* q, const T* k, const T* v) {
   const core::Packing pk = packing(r_);
   core::pack_heads(pq_, q, q_.data());
   core::pack_heads(pk, k, kv_own_.data());
   core::pack_heads(pk, v, kv_own_.data() + pk.kv_elems());
-  if (dout) {
-    allocate_backward();
-    core::pack_heads(pq_, dout, dout_.data());
-  }
   const core::Shape& sh = s_.shape;
   ledger_ = core::Ledger{};
   ledger_.resident_qkv_elems = sh.B * L_ * (sh.H + 2 * sh.HKV) * sh.D;
@@ -99,17 +118,18 @@ template <class T>
 PassStats RingAttention<T>::forward() {
   PassStats ps;
   const double t_pass = comm::wtime();
-  core::OnlineState<T> st{m_.data(), l_.data(), acc_.data()};
+  core::OnlineState<A> st{m_.data(), l_.data(), acc_.data()};
   core::init_online_state(pq_, st);
   ledger_.fwd_kv_send_elems = ledger_.fwd_kv_recv_elems = ledger_.remote_block_elems = 0;
-  const T scale = static_cast<T>(s_.scale);
+  const A scale = static_cast<A>(s_.scale);
   const T* cur = kv_own_.data();
   if (s_.on_step) s_.on_step(0, 0, plan_.steps());
   for (int j = 0; j < plan_.steps(); ++j) {
     const int owner = plan_.owner(r_, j);
     comm::Exchange kvx(comm_);
     StepRecord rec{Pass::forward, j, owner, 0, 0, 0};
-    if (j == 0 && r_ == s_.stall_rank) std::this_thread::sleep_for(std::chrono::duration<double>(s_.stall_s));
+    if (j == 0 && r_ == s_.hooks.stall_rank)
+      std::this_thread::sleep_for(std::chrono::duration<double>(s_.hooks.stall_s));
     // The next block is in flight while this one is attended.
     if (plan_.receives(r_, j + 1)) {
       const Index recv = block_elems(plan_.owner(r_, j + 1));
@@ -126,11 +146,14 @@ PassStats RingAttention<T>::forward() {
     }
     if (plan_.holds(r_, j)) {
       const double t0 = comm::wtime();
-      ps.work += core::block_forward(qshard_, view(owner, cur), *s_.mask, scale, st, ws_, [&] { kvx.test(); });
+      ps.work += core::block_forward(qshard_, view(owner, cur), *s_.mask, scale, st, ws_, [&] {
+        kvx.test();
+        if (s_.poll) s_.poll();
+      });
       rec.compute_s = comm::wtime() - t0;
       if (obs_) obs_->forward_block(j, owner, pq_, m_.data(), l_.data(), acc_.data());
     }
-    rec.wait_s = kvx.wait(s_.timeout_s, [&] {
+    rec.wait_s = kvx.wait([&] {
       return fmt::format("rank {} forward step {} (of 0..{}): the K/V block of rank {} from rank {}", r_, j + 1,
                          plan_.steps() - 1, plan_.owner(r_, j + 1), comm_.prev());
     });
@@ -138,9 +161,11 @@ PassStats RingAttention<T>::forward() {
     ps.compute_s += rec.compute_s;
     ps.wait_s += rec.wait_s;
     ps.steps.push_back(rec);
+    if (s_.poll) s_.poll();
     if (s_.on_step) s_.on_step(0, j + 1, plan_.steps());
   }
   core::finalize_forward(pq_, st);
+  ledger_.ring_bytes(Index(sizeof(T)), Index(sizeof(A)));
   ps.total_s = comm::wtime() - t_pass;
   return ps;
 }
@@ -152,10 +177,10 @@ PassStats RingAttention<T>::backward() {
   allocate_backward();
   ledger_.replay_kv_send_elems = ledger_.replay_kv_recv_elems = 0;
   ledger_.grad_send_elems = ledger_.grad_recv_elems = 0;
-  const T scale = static_cast<T>(s_.scale);
+  const A scale = static_cast<A>(s_.scale);
   core::compute_delta(pq_, dout_.data(), acc_.data(), delta_.data());
-  std::fill(dq_.begin(), dq_.end(), T(0));
-  std::fill(dkv_own_.begin(), dkv_own_.end(), T(0));
+  std::fill(dq_.begin(), dq_.end(), A(0));
+  std::fill(dkv_own_.begin(), dkv_own_.end(), A(0));
   const core::GradQueryShard<T> gq{qshard_, dout_.data(), m_.data(), delta_.data(), dq_.data()};
   const Index own_elems = static_cast<Index>(dkv_own_.size());
   // Gradient transfers of step j complete at the end of step j+1, so they overlap compute.
@@ -164,15 +189,15 @@ PassStats RingAttention<T>::backward() {
   bool pending[2] = {false, false};  // a contribution is arriving in grad_recv_[slot]
   auto finish_grads = [&](int step) {  // the owner sums contributions in step order
     const int slot = step % 2;
-    const double w = gx[slot]->wait(s_.timeout_s, [&] {
+    const double w = gx[slot]->wait([&] {
       return fmt::format("rank {} backward step {} (of 0..{}): gradient return to rank {} / from rank {}", r_, step,
                          plan_.steps() - 1, plan_.owner(r_, step), (r_ + step) % N_);
     });
     if (pending[slot]) {
       pending[slot] = false;
       if (obs_) obs_->grad_received(step, (r_ + step) % N_, own_elems);
-      if (step != s_.drop_grad_step) {
-        const T* src = grad_recv_[slot].data();
+      if (step != s_.hooks.drop_grad_step) {
+        const A* src = grad_recv_[slot].data();
         for (Index e = 0; e < own_elems; ++e) dkv_own_[e] += src[e];
       }
     }
@@ -198,33 +223,34 @@ PassStats RingAttention<T>::backward() {
     }
     const int source = (r_ + j) % N_;  // the rank whose contribution to our block is due now
     if (j > 0 && plan_.returns_grad(source, j)) {
-      gx[j % 2]->irecv(grad_recv_[j % 2].data(), own_elems * sizeof(T), source, kTagGrad);
+      gx[j % 2]->irecv(grad_recv_[j % 2].data(), own_elems * sizeof(A), source, kTagGrad);
       pending[j % 2] = true;
       ledger_.grad_recv_elems += own_elems;
-      rec.bytes += own_elems * static_cast<Index>(sizeof(T));
+      rec.bytes += own_elems * static_cast<Index>(sizeof(A));
     }
     // Own block: accumulate straight into our dK/dV; a remote one: into a send buffer.
     const bool returns = j > 0 && plan_.returns_grad(r_, j);
     if (j == 0 || returns) {
       const Index blk = block_elems(owner);
-      T* target = j == 0 ? dkv_own_.data() : grad_send_[j % 2].data();
-      if (j > 0) std::fill_n(target, blk, T(0));
+      A* target = j == 0 ? dkv_own_.data() : grad_send_[j % 2].data();
+      if (j > 0) std::fill_n(target, blk, A(0));
       const double t0 = comm::wtime();
       ps.work += core::block_backward(gq, view(owner, cur), *s_.mask, scale, target, target + blk / 2, ws_, [&] {
         kvx.test();
         gx[0]->test();
         gx[1]->test();
+        if (s_.poll) s_.poll();
       });
       rec.compute_s = comm::wtime() - t0;
       if (obs_) obs_->replay_block(j, owner, packing(owner), target, target + blk / 2);
       if (returns) {
-        gx[j % 2]->isend(target, blk * sizeof(T), owner, kTagGrad);
+        gx[j % 2]->isend(target, blk * sizeof(A), owner, kTagGrad);
         if (obs_) obs_->grad_sent(j, owner, blk);
         ledger_.grad_send_elems += blk;
-        rec.bytes += blk * static_cast<Index>(sizeof(T));
+        rec.bytes += blk * static_cast<Index>(sizeof(A));
       }
     }
-    rec.wait_s = kvx.wait(s_.timeout_s, [&] {
+    rec.wait_s = kvx.wait([&] {
       return fmt::format("rank {} backward step {} (of 0..{}): the K/V block of rank {} from rank {}", r_, j + 1,
                          plan_.steps() - 1, plan_.owner(r_, j + 1), comm_.prev());
     });
@@ -233,6 +259,7 @@ PassStats RingAttention<T>::backward() {
     ps.compute_s += rec.compute_s;
     ps.wait_s += rec.wait_s;
     ps.steps.push_back(rec);
+    if (s_.poll) s_.poll();
     if (s_.on_step) s_.on_step(1, j + 1, plan_.steps());
   }
   if (plan_.steps() >= 2) {
@@ -240,12 +267,13 @@ PassStats RingAttention<T>::backward() {
     ps.wait_s += w;
     ps.steps.back().wait_s += w;
   }
+  ledger_.ring_bytes(Index(sizeof(T)), Index(sizeof(A)));
   ps.total_s = comm::wtime() - t_pass;
   return ps;
 }
 
 template <class T>
-void RingAttention<T>::outputs(T* o, T* lse, T* dq, T* dk, T* dv) const {
+void RingAttention<T>::outputs(A* o, A* lse, A* dq, A* dk, A* dv) const {
   const core::Packing pk = packing(r_);
   if (o) core::unpack_heads(pq_, acc_.data(), o);
   if (dq) core::unpack_heads(pq_, dq_.data(), dq);

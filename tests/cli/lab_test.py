@@ -29,7 +29,7 @@ SEED_LEDGER = [
      "resident_qkv_elems": 18, "remote_block_elems": 8, "online_state_elems": 12},
 ]
 EXACT = 1e-14  # five positions of O(1) values: a few ulps of f64
-TABLES = ["ringattn lab: the seed-000 walkthrough", "events (in step order", "final outputs and gradients per position",
+TABLES = ["ringattn lab: the two-rank, five-position walkthrough", "events (in step order", "final outputs and gradients per position",
           "ledger per rank"]
 RUN_CONFIG_KEYS = ["seq", "batch", "heads", "kv_heads", "head_dim", "dtype", "causal", "window", "doc_lens", "layout",
                    "partition", "scale", "seed", "inputs", "out", "check", "report", "warmup", "iters", "trace",

@@ -88,12 +88,11 @@ LayerRun<T> run_layer(const LayerCase& c, Hooks hooks = {}) {
   const LayerResult ref = reference_layer(s, M, mask, scale, c.rope, g);
 
   runtime::LayerSetup setup;
-  setup.ring.shape = s;
-  setup.ring.layout = &layout;
-  setup.ring.mask = &mask;
-  setup.ring.scale = scale;
-  setup.ring.tiling = Tiling{16, 32};
-  setup.ring.timeout_s = 60;
+  setup.attention.shape = s;
+  setup.attention.layout = &layout;
+  setup.attention.mask = &mask;
+  setup.attention.scale = scale;
+  setup.attention.tiling = Tiling{16, 32};
   setup.M = M;
   setup.rope = c.rope;
   setup.average_weight_grads = hooks.average;

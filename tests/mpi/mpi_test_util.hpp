@@ -9,8 +9,13 @@
 
 namespace ringattn::test_util {
 
+// The world, with a watchdog: a test that hangs ends with a message instead of the ctest timeout.
 inline const comm::Comm& world() {
-  static const comm::Comm c = comm::Comm::world();
+  static const comm::Comm c = [] {
+    comm::Comm w = comm::Comm::world();
+    w.set_timeout(60);
+    return w;
+  }();
   return c;
 }
 

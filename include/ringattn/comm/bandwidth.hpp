@@ -1,5 +1,5 @@
 #pragma once
-// Ring sendrecv bandwidth between neighbours, step 1 of seed 003's measurement method, in the style
+// Ring sendrecv bandwidth between neighbours, step 1 of the three-step measurement method, in the style
 // of OSU osu_bw (windows of nonblocking messages, warm-up skipped, sizes doubling) and nccl-tests
 // sendrecv_perf (recvPeer = rank-1, sendPeer = rank+1; a #wrong column; algbw = bytes / time).
 //

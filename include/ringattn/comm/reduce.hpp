@@ -53,9 +53,8 @@ class OrderedAllreduce {
   void start(const T* partial, T* total, std::int64_t n);
   // Progress without blocking; true once `total` holds the sum.
   bool test();
-  // Complete the reduction. With timeout_s > 0, a wait longer than that logs describe() and
-  // aborts the job with exit code 3 (as comm::Exchange does).
-  void wait(double timeout_s = 0, core::FunctionRef<std::string()> describe = {});
+  // Complete the reduction, under the communicator's watchdog (describe() names it if it trips).
+  void wait(core::FunctionRef<std::string()> describe = {});
   bool active() const;
   const ReduceStats& stats() const;
 
@@ -66,6 +65,6 @@ class OrderedAllreduce {
 
 // Blocking form: start + wait.
 template <class T>
-ReduceStats ordered_allreduce(const Comm& comm, const T* partial, T* total, std::int64_t n, double timeout_s = 0);
+ReduceStats ordered_allreduce(const Comm& comm, const T* partial, T* total, std::int64_t n);
 
 }  // namespace ringattn::comm

@@ -3,6 +3,9 @@
 // the FlashAttention-2 manner: a Q tile against a K/V tile, the score tile kept in cache,
 // no L x L scratch. Pure math: no MPI, no I/O, no allocation (scratch comes in a Workspace).
 //
+// Types: S is the storage type of the operands (q, k, v, dout), A = accum_t<S> the type every
+// score, state and gradient is computed and accumulated in.
+//
 // Shapes, for one head group (b, g) with G query heads sharing one kv head:
 //   q, dout, o, dq   [Lq*G, D]  row r is local query position r / G
 //   m, l, lse, delta [Lq*G]
@@ -16,6 +19,7 @@
 #include "ringattn/core/function_ref.hpp"
 #include "ringattn/core/mask.hpp"
 #include "ringattn/core/packed.hpp"
+#include "ringattn/core/storage.hpp"
 
 namespace ringattn::core {
 
@@ -55,72 +59,79 @@ struct Workspace {
         rowbuf(t.q_rows),
         rowmax(t.q_rows),
         kt(std::is_same_v<T, float> ? 2 * t.k_cols * head_dim : 0) {}
+  // What a Workspace of this tiling holds, in bytes.
+  static Index bytes(const Tiling& t, Index head_dim) {
+    const Index kt = std::is_same_v<T, float> ? 2 * t.k_cols * head_dim : 0;
+    return Index(sizeof(T)) * (2 * t.q_rows * t.k_cols + 2 * t.q_rows + kt);
+  }
   Tiling tiling;
   AlignedVector<T> s, p;          // score / probability tiles [q_rows, k_cols]
   AlignedVector<T> rowbuf, rowmax;  // per tile row: the rescale factor, the score max
   AlignedVector<T> kt;            // 2 x [head_dim, k_cols]: one K tile and one V tile transposed
 };
 
-// One rank's queries in packed form, with what the forward keeps per row.
-template <class T>
+// One rank's queries in packed form (storage type).
+template <class S>
 struct QueryShard {
   Packing pk;                     // L = this rank's positions
   std::span<const Index> pos;     // [L] global positions, increasing
-  const T* q = nullptr;           // query-like
+  const S* q = nullptr;           // query-like
 };
 
-template <class T>
+// A K/V block as it travels (storage type).
+template <class S>
 struct KVBlock {
   Packing pk;                     // L = the block's positions, G = 1
   std::span<const Index> pos;     // [Lk]
-  const T* k = nullptr;           // kv-like
-  const T* v = nullptr;
+  const S* k = nullptr;           // kv-like
+  const S* v = nullptr;
 };
 
-// Online-softmax state per query row: running max m, exp-sum l, weighted sum a.
-template <class T>
+// Online-softmax state per query row (accumulation type): running max m, exp-sum l, weighted sum a.
+template <class A>
 struct OnlineState {
-  T* m = nullptr;    // row stats, init -inf
-  T* l = nullptr;    // row stats, init 0
-  T* acc = nullptr;  // query-like, init 0
+  A* m = nullptr;    // row stats, init -inf
+  A* l = nullptr;    // row stats, init 0
+  A* acc = nullptr;  // query-like, init 0
 };
 
-template <class T>
-void init_online_state(const Packing& pk, OnlineState<T> st);
+template <class A>
+void init_online_state(const Packing& pk, OnlineState<A> st);
 
 // Fold one K/V block into the running state of every query row:
 //   m' = max(m, max_j S_ij), c = e^(m - m'), l' = c l + sum_j e^(S_ij - m'),
 //   a' = c a + sum_j e^(S_ij - m') V_j,   S_ij = scale * q_i . k_j over visible j.
-template <class T>
-Work block_forward(const QueryShard<T>& q, const KVBlock<T>& kv, const Mask& mask, T scale, OnlineState<T> st,
-                   Workspace<T>& ws, Progress progress = {});
+template <class S>
+Work block_forward(const QueryShard<S>& q, const KVBlock<S>& kv, const Mask& mask, accum_t<S> scale,
+                   OnlineState<accum_t<S>> st, Workspace<accum_t<S>>& ws, Progress progress = {});
 
 // O = a / l and LSE = m + log l, in place over the state (acc becomes O, m becomes LSE).
 // A row with no visible key has O = 0 and LSE = -inf.
-template <class T>
-void finalize_forward(const Packing& pk, OnlineState<T> st);
+template <class A>
+void finalize_forward(const Packing& pk, OnlineState<A> st);
 
 // What the backward needs of the query side.
-template <class T>
+template <class S>
 struct GradQueryShard {
-  QueryShard<T> q;
-  const T* dout = nullptr;   // query-like
-  const T* lse = nullptr;    // row stats
-  const T* delta = nullptr;  // row stats: D_i = sum_d dO_i . O_i
-  T* dq = nullptr;           // query-like, accumulated
+  using A = accum_t<S>;
+  QueryShard<S> q;
+  const S* dout = nullptr;   // query-like
+  const A* lse = nullptr;    // row stats
+  const A* delta = nullptr;  // row stats: D_i = sum_d dO_i . O_i
+  A* dq = nullptr;           // query-like, accumulated
 };
 
 // D_i = sum_d dO_id O_id for every row.
-template <class T>
-void compute_delta(const Packing& pk, const T* dout, const T* o, T* delta);
+template <class S>
+void compute_delta(const Packing& pk, const S* dout, const accum_t<S>* o, accum_t<S>* delta);
 
 // Contribution of the local queries through one K/V block, accumulated into dq (local) and
 // dk, dv (kv-like, shaped like the block):
 //   P = exp(S - LSE), dP = dO V^T, dS = P o (dP - D),
 //   dQ += scale dS K,  dK += scale dS^T Q,  dV += P^T dO.
-template <class T>
-Work block_backward(const GradQueryShard<T>& g, const KVBlock<T>& kv, const Mask& mask, T scale, T* dk, T* dv,
-                    Workspace<T>& ws, Progress progress = {});
+template <class S>
+Work block_backward(const GradQueryShard<S>& g, const KVBlock<S>& kv, const Mask& mask, accum_t<S> scale,
+                    accum_t<S>* dk, accum_t<S>* dv, Workspace<accum_t<S>>& ws, Progress progress = {});
 
 // Whether any (query, key) pair of the rank and the block is visible (a whole block that is
 // not is skipped: no compute, no gradient).

@@ -1,5 +1,5 @@
 #pragma once
-// The seed-003 cost model of ring attention: bytes each device receives, the work it does, their
+// The cost model of ring attention: bytes each device receives, the work it does, their
 // ratio (arithmetic intensity) against the machine's FLOP/byte ratio beta, and the causal,
 // Ulysses and tensor-parallel figures next to it. Per device, per layer, forward pass. Pure math.
 //
@@ -9,15 +9,15 @@
 //   I_step   = 4 B (S/N)^2 H D / (2 B (S/N) HKV D p) = (H/HKV)(S/N)(2/p)  one block pair per block
 //   beta     = flops / bandwidth (one-way)        overlap can hide the transfer when I_step >= beta
 //
-// With p = 2 (bf16) these are the seed's (H/HKV) S/(N-1) and (H/HKV) S/N. The seed's example
+// With p = 2 (bf16) these are (H/HKV) S/(N-1) and (H/HKV) S/N. The reference example
 // (S=262144, N=8, H=32, HKV=8, D=128, p=2, 312e12 FLOP/s, 300e9 B/s) gives 0.94 GB, 451 ms,
 // 3.13 ms, 0.69%, I_step 131,072 and I 149,797 FLOP/byte.
 //
 // Causal (--causal): each query sees only earlier keys, so the useful work per device is halved on
-// average (the seed's continuous "useful FLOP" convention, 2 B S^2 H D in all) while the bytes do
+// average (the continuous "useful FLOP" convention, 2 B S^2 H D in all) while the bytes do
 // not change (every block still travels). So W, compute_s, step_compute_s, I and I_step halve,
 // comm_ratio doubles and max_ranks roughly halves. The slowest device of a contiguous layout does
-// more than the mean: causal_utilization is the mean / max of that seed model.
+// more than the mean: causal_utilization is the mean / max of that block model.
 #include <string>
 
 #include "ringattn/core/shape.hpp"
@@ -34,7 +34,7 @@ struct CostInputs {
   void validate() const;
 };
 
-// The seed's rule of thumb on comm/compute of one step (section 11): < 5% overlap has room,
+// The rule of thumb on comm/compute of one step: < 5% overlap has room,
 // 5-15% it depends on the implementation, > 15% communication is not negligible.
 enum class Verdict { no_communication, overlap_has_room, depends_on_implementation, not_negligible };
 Verdict verdict_for(double comm_ratio, bool communicates = true);

@@ -1,5 +1,5 @@
 #pragma once
-// Error kinds and the exit codes they map to (DESIGN.md: 0 ok, 1 check failed,
+// Error kinds and the exit codes they map to (0 ok, 1 check failed,
 // 2 bad input or usage, 3 runtime or communication failure).
 #include <stdexcept>
 #include <string>

@@ -1,5 +1,5 @@
 #pragma once
-// Which rank owns which global positions (DESIGN.md "Layouts").
+// Which rank owns which global positions.
 //   contiguous: consecutive ranges; balanced (first S mod N ranks one longer) or explicit sizes.
 //   striped:    position p belongs to rank p mod N.
 //   zigzag:     S cut into 2N chunks (first S mod 2N one longer); rank r owns chunks r and 2N-1-r.

@@ -1,5 +1,5 @@
 #pragma once
-// The communication and memory ledger of one rank (seed 000, "protocol accounting"), in elements.
+// The communication and memory ledger of one rank: what moved, in elements and bytes.
 // The runtime counts what actually moved; expected_ledger() is the closed form for the ring
 // protocol in which every block travels (forward N-1 sends and receives per rank, the same again
 // for the replay, and one gradient return per (query rank, remote owner) pair).
@@ -10,6 +10,8 @@
 
 namespace ringattn::core {
 
+// Trivially copyable: ranks gather it as is. Bytes are counted as things move, at their real
+// element sizes (K/V blocks in the storage type, gradient returns in the accumulation type).
 struct Ledger {
   Index fwd_kv_send_elems = 0, fwd_kv_recv_elems = 0;
   Index replay_kv_send_elems = 0, replay_kv_recv_elems = 0;
@@ -17,9 +19,24 @@ struct Ledger {
   Index resident_qkv_elems = 0;   // the rank's own Q, K and V
   Index remote_block_elems = 0;   // the largest remote K/V block it held
   Index online_state_elems = 0;   // m, l and a: L * B * H * (D + 2)
+  // Head-parallel strategies: elements moved by the all-to-alls of each pass (to and from other
+  // ranks; what a rank keeps for itself is not counted).
+  Index a2a_fwd_send_elems = 0, a2a_fwd_recv_elems = 0;
+  Index a2a_bwd_send_elems = 0, a2a_bwd_recv_elems = 0;
+  Index send_bytes = 0, recv_bytes = 0;  // everything that moved, in bytes
 
-  Index send_elems() const { return fwd_kv_send_elems + replay_kv_send_elems + grad_send_elems; }
-  Index recv_elems() const { return fwd_kv_recv_elems + replay_kv_recv_elems + grad_recv_elems; }
+  Index send_elems() const {
+    return fwd_kv_send_elems + replay_kv_send_elems + grad_send_elems + a2a_fwd_send_elems + a2a_bwd_send_elems;
+  }
+  Index recv_elems() const {
+    return fwd_kv_recv_elems + replay_kv_recv_elems + grad_recv_elems + a2a_fwd_recv_elems + a2a_bwd_recv_elems;
+  }
+  // Fills send_bytes and recv_bytes of a ring ledger: K/V elements of kv_bytes each, gradient
+  // returns of grad_bytes each.
+  void ring_bytes(Index kv_bytes, Index grad_bytes) {
+    send_bytes = (fwd_kv_send_elems + replay_kv_send_elems) * kv_bytes + grad_send_elems * grad_bytes;
+    recv_bytes = (fwd_kv_recv_elems + replay_kv_recv_elems) * kv_bytes + grad_recv_elems * grad_bytes;
+  }
   bool operator==(const Ledger&) const = default;
   std::string str() const;
 };

@@ -1,5 +1,5 @@
 #pragma once
-// Visibility on global positions only (DESIGN.md "Terms and shapes"):
+// Visibility on global positions only:
 //   causal:    j <= i
 //   window w:  i - w < j <= i          (a causal sliding window)
 //   documents: i and j in the same document, and j <= i if causal

@@ -1,7 +1,7 @@
 #pragma once
 // The head-major layout the kernels work in, and conversion from the file layout.
 //
-// File and public layout (DESIGN.md): q, o, dout, dq are [B, L, H, D]; k, v, dk, dv are
+// File and public layout: q, o, dout, dq are [B, L, H, D]; k, v, dk, dv are
 // [B, L, HKV, D]; lse is [B, H, S]. Inside a rank everything is grouped by kv head so that the
 // G = H/HKV query heads sharing a kv head are one matrix and a K/V block is contiguous:
 //   query-like  [B, HKV, L, G, D]  row r of group (b, g) is local position r / G, head g*G + r % G

@@ -25,8 +25,9 @@ DenseResult reference_attention_loops(const Shape& s, const Mask& mask, double s
                                       const std::vector<double>& k, const std::vector<double>& v,
                                       const std::vector<double>& dout, bool backward = true);
 
-// max |x - ref| / max |ref| over the entries; -inf must match -inf exactly (else +inf error),
-// NaN anywhere gives +inf. max |ref| below 1e-300 falls back to the absolute error.
-double max_rel_error(const std::vector<double>& x, const std::vector<double>& ref);
+// max |x - ref| / max(max |ref|, floor) over the entries; -inf must match -inf exactly (else
+// +inf error), NaN anywhere gives +inf. A denominator below 1e-300 falls back to the absolute
+// error. The floor is the output's natural magnitude, for a reference that (nearly) vanishes.
+double max_rel_error(const std::vector<double>& x, const std::vector<double>& ref, double floor = 0);
 
 }  // namespace ringattn::core

@@ -1,9 +1,9 @@
 #pragma once
 // Which transfers the ring makes. At step j rank r holds the block of owner (r - j) mod N
-// (DESIGN.md); the plan says whether that block reaches r at all, whether r returns a gradient
+// (both passes); the plan says whether that block reaches r at all, whether r returns a gradient
 // for it, and after how many steps the ring may stop.
 //
-//   full:   the seed's teaching protocol. Every block visits every rank (N-1 hops), every
+//   full:   the teaching protocol. Every block visits every rank (N-1 hops), every
 //           gradient contribution goes back, even one that carries only zeros.
 //   aware:  traffic-aware. Rank r needs block o when some (query of r, key of o) pair is visible.
 //           A block travels o -> o+1 -> ... only as far as the farthest rank on that path that

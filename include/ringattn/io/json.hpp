@@ -1,5 +1,5 @@
 #pragma once
-// A small JSON value and writer for reports (DESIGN.md "Report JSON"). Writing only.
+// A small JSON value and writer for the reports. Writing only.
 //   - Objects keep insertion order, so reports read in the order the code builds them.
 //   - Integers are stored as int64 and printed exactly; doubles are printed with the shortest
 //     digits that round-trip, and with a ".0" when integral so Python reads them back as float.
@@ -57,6 +57,8 @@ class Json {
   const Json* find(const std::string& key) const;
   // Array: appends. A null value becomes an empty array first; any other kind throws std::logic_error.
   void push_back(Json v);
+  // Object: the members in insertion order (empty for other kinds).
+  const std::vector<std::pair<std::string, Json>>& members() const { return members_; }
 
   // indent >= 0: one member per line, nested by `indent` spaces; indent < 0: one line, no spaces.
   std::string dump(int indent = 2) const;

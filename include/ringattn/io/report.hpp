@@ -1,7 +1,9 @@
 #pragma once
-// The run report of DESIGN.md ("Report JSON"), as plain data and its JSON form.
+// The run report ("config", "loss", "time", "check", "ranks", "imbalance"), as plain data and its
+// JSON form. A rank's figures are one trivially copyable RankRow, gathered to rank 0 as is.
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "ringattn/core/block_attention.hpp"
@@ -10,40 +12,34 @@
 
 namespace ringattn::io {
 
-struct RankReport {
+struct RankRow {
   int rank = 0;
   core::Index positions = 0;
   core::Ledger ledger;
   double forward_s = 0, backward_s = 0, compute_s = 0, wait_s = 0;  // this rank, median over --iters
   core::Work work;                                                   // forward + backward
-  core::Index budget_bytes = 0;                                      // buffers held for the ring
+  core::Index budget_bytes = 0;                                      // buffers held for the strategy
   core::Index peak_rss_bytes = 0;                                    // the process's high-water mark
-  // --layer: elements this rank sent and received in the weight-gradient all-reduces (dWo and
-  // dWq/dWk/dWv), per iteration; -1 when there are none (attention mode).
-  core::Index allreduce_send_elems = -1, allreduce_recv_elems = -1;
 };
 
 struct CheckReport {
   bool passed = false;
   double tolerance = 0;
-  double o = 0, lse = 0, dq = 0, dk = 0, dv = 0;  // max relative error (dq, dk, dv NaN without backward)
+  // max relative error of each checked output, in report order (NaN: not computed)
+  std::vector<std::pair<std::string, double>> errors;
+  double error(const std::string& name) const;
 };
 
 struct Report {
   Json config = Json::object();
-  double loss = 0;
+  std::optional<double> loss;  // sum dout . O (or dY . Y); absent when not computed
   double forward_s = 0, backward_s = 0;  // slowest rank, median over --iters
-  std::size_t elem_size = 4;
   std::optional<CheckReport> check;
-  std::vector<RankReport> ranks;
+  std::vector<RankRow> ranks;
+  std::vector<Json> ledger_extras;  // per rank: more fields of its "ledger" object (may be empty)
+  Json extras = Json::object();     // more top-level fields (a mode's own figures)
 };
 
 Json to_json(const Report& r);
-
-// A RankReport as a fixed-length row of doubles (integers below 2^53 are exact), so the ranks'
-// figures travel to rank 0 in one gather.
-inline constexpr std::size_t kRankReportFields = 20;
-std::vector<double> to_row(const RankReport& r);
-RankReport from_row(const double* row, int rank);
 
 }  // namespace ringattn::io

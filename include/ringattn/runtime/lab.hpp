@@ -1,10 +1,11 @@
 #pragma once
-// `ringattn lab`: the seed-000 walkthrough on real ranks. The seed's example is five positions,
+// `ringattn lab`: the two-rank, five-position teaching example on real ranks: five positions,
 // D=2, B=H=HKV=1, float64, causal; rank 0 owns positions 0,1 and rank 1 owns 2,3,4; dout = G/5
 // for a fixed upstream G. Every event of the ring forward and backward is recorded on the rank
 // that performed it (through RingObserver) and gathered, with the outputs, the dense float64
-// reference and every rank's ledger, so the walkthrough and the seed experiments
-// (tests/mpi/seed_experiments_test.cpp) read the same numbers.
+// reference and every rank's ledger, so the walkthrough and the experiments on the example
+// (tests/mpi/seed_experiments_test.cpp) read the same numbers. The words and tables are the
+// command line's; this is the data.
 #include <optional>
 #include <string>
 #include <vector>
@@ -16,20 +17,21 @@
 #include "ringattn/core/reference.hpp"
 #include "ringattn/core/ring_plan.hpp"
 #include "ringattn/io/report.hpp"
+#include "ringattn/runtime/strategy.hpp"
 
 namespace ringattn::runtime {
 
 using core::Index;
 
 struct LabConfig {
-  // Contiguous shard sizes, one per rank; empty = {floor(S/2), S - floor(S/2)}, the seed's {2, 3}.
+  // Contiguous shard sizes, one per rank; empty = {floor(S/2), S - floor(S/2)}: the example's {2, 3}.
   std::vector<Index> partition;
   bool causal = true;
-  bool skip_empty = false;  // core::Traffic::skip_empty_grads instead of the seed's full protocol
-  std::string inputs;       // directory with q.npy k.npy v.npy dout.npy; empty = the seed's tensors
+  bool skip_empty = false;  // core::Traffic::skip_empty_grads instead of the full teaching protocol
+  std::string inputs;       // directory with q.npy k.npy v.npy dout.npy; empty = the example's tensors
   std::string report;       // JSON report file (the `run` format); empty = none
   int drop_grad_step = -1;  // test hook, see RingSetup
-  // The whole layer around the same ring (issue 8): fixed X [1, 5, 2] and weights; q, k, v and
+  // The whole layer around the same ring: fixed X [1, 5, 2] and weights; q, k, v and
   // dout become X Wq, X Wk, X Wv and dY Wo^T, and the walkthrough adds the layer's outputs, each
   // rank's weight-gradient partials, their fixed-order sum and the all-reduce's traffic.
   bool layer = false;
@@ -42,7 +44,7 @@ struct LabInputs {
   std::vector<double> g;  // the upstream G with dout = G / (B S); empty when dout came from a file
 };
 
-// The seed's fixed example (S=5, D=2, B=H=HKV=1; dout = G / 5).
+// The teaching example's fixed tensors (S=5, D=2, B=H=HKV=1; dout = G / 5).
 LabInputs seed_inputs();
 
 enum class LabEventKind { forward_block = 0, replay_block = 1, grad_sent = 2, grad_received = 3 };
@@ -96,14 +98,18 @@ struct LabResult {
   std::vector<LabEvent> events;  // in table order: by pass and step, each rank's work then its receipts
   io::Report report;             // the `run` report: config, loss, time, check, per-rank ledger
   Index full_send_bytes = 0;     // what every rank together would send under Traffic::full
+  std::vector<std::pair<Index, Index>> allreduce_elems;  // --layer: per rank, all-reduce elements sent, received
   std::optional<LabLayer> layer;  // --layer
 };
 
 // Collective. Throws InputError (the same on every rank) on bad options or files.
 LabResult run_lab(const comm::Comm& comm, const LabConfig& cfg);
 
-// Collective: run_lab, the four tables on rank 0, the report. Returns the exit code (0, or 1 when
-// an error exceeds the tolerance).
-int lab_job(const comm::Comm& comm, const LabConfig& cfg);
+// Collective: checks --report's path first, then run_lab, then writes the report. The exit code
+// is report.check's: 1 when an error exceeds the tolerance.
+LabResult lab_job(const comm::Comm& comm, const LabConfig& cfg);
+
+// The JSON report of a lab run: the `run` report, with --layer also a "layer" object.
+io::Json lab_report_json(const LabResult& res);
 
 }  // namespace ringattn::runtime

@@ -1,55 +1,69 @@
 #pragma once
-// Output files that become visible all at once, or not at all (issue 7: a failed or killed job
-// leaves no output that looks complete).
+// Where a job's results go: every path checked before any compute, everything written at the end
+// all at once, never a mix of two runs and never a lost result.
 //
-// stage() writes every file under a hidden temporary name, DIR/.NAME.npy.partial: rank 0 creates
-// each file at its full size, then every rank writes its own positions (or rank 0 writes a
-// whole tensor). commit() renames them all to DIR/NAME.npy, on rank 0, once the caller has
-// finished everything else (the report and trace included). Until then a failure, an exception
-// or SIGTERM/SIGINT/SIGHUP (what Open MPI sends when another rank dies) removes the temporary
-// files, on every rank. Every step is agreed, so no rank is left waiting in a collective.
-#include <span>
+// Paths (checked in the constructor, collective, InputError on every rank):
+//   --out DIR    an existing writable directory, or one whose parent is (it is created only when
+//                the outputs are staged, so a job refused for bad input leaves nothing behind);
+//   --report F, --trace F   a file (or nothing yet) in a writable directory, written atomically;
+//                a character device or FIFO is written through; a symlink is followed (the link
+//                stays, its target is replaced); never a directory, never an input file, never
+//                one of the outputs, never each other.
+// Staging: each job writes into its own hidden directory DIR/.ringattn-<job>.tmp (rank 0 creates
+// each file at its full size, every rank writes its positions), so concurrent jobs on one
+// directory never touch each other's files.
+// Commit (rank 0, under an exclusive lock on DIR/.ringattn.lock, signals held back): the names
+// this run writes, and ringattn's own names it does not write (a forward-only run's dq, dk, dv),
+// are moved aside into DIR/.ringattn-<job>.old; then the new files are moved in. A failure at any
+// point puts the old set back, so either the complete new set or the complete old one remains.
+// A directory (or anything but a file) standing on an output name stops the commit before it
+// changes anything. Then the trace and the report are put in place, only if the outputs were.
+// Until the commit, SIGTERM, SIGINT or SIGHUP (what Open MPI sends when a peer dies) removes what
+// is staged and ends the process with 128 + the signal.
+#include <memory>
 #include <string>
 #include <vector>
 
-#include "ringattn/comm/comm.hpp"
+#include "ringattn/comm/group.hpp"
 #include "ringattn/core/layout.hpp"
-#include "ringattn/core/shape.hpp"
+#include "ringattn/runtime/harness.hpp"
 
 namespace ringattn::runtime {
 
-template <class T>
+struct OutputPaths {
+  std::string out_dir;                   // --out; empty: none
+  std::string report, trace;             // --report, --trace; empty: none
+  std::vector<std::string> inputs;       // files the job reads (never overwritten or removed)
+};
+
+// ringattn's own output names (any mode), without ".npy": a commit removes those it did not write.
+const std::vector<std::string>& own_output_names();
+
 class StagedOutputs {
  public:
-  struct File {
-    std::string name;               // "o" becomes o.npy
-    std::vector<core::Index> shape;
-    int pos_axis;                   // the positions' axis: every rank writes its own positions of
-                                    // `data`; kWhole: `data` is the whole tensor, rank 0 writes it
-    std::span<const T> data;
-  };
-  static constexpr int kWhole = -1;
-
-  StagedOutputs(const comm::Comm& comm, std::string dir, core::DType dtype, const core::Layout& layout)
-      : comm_(comm), dir_(std::move(dir)), dtype_(dtype), layout_(layout) {}
+  StagedOutputs(const comm::Group& group, OutputPaths paths);
+  ~StagedOutputs();
   StagedOutputs(const StagedOutputs&) = delete;
   StagedOutputs& operator=(const StagedOutputs&) = delete;
-  ~StagedOutputs() { discard(); }
 
-  void stage(std::vector<File> files);  // throws AgreedFailure on every rank if any rank fails
-  void commit();                        // idem; after it the files are in place
-  void discard();                       // removes what is still staged; never throws
+  // Collective: writes every file into the staging directory. Throws AgreedFailure on every rank.
+  void stage(const std::vector<OutputTensor>& files, const core::Layout& layout);
+  // Rank 0: the text of the trace and the report (written at commit()).
+  void set_trace(std::string text);
+  void set_report(std::string text);
+  // Collective: puts everything in place as described above. Throws AgreedFailure on every rank.
+  void commit();
+  // Removes whatever is staged; never throws.
+  void discard() noexcept;
 
  private:
-  std::string temporary(const File& f) const;
-
-  const comm::Comm& comm_;
-  std::string dir_;
-  core::DType dtype_;
-  const core::Layout& layout_;
-  std::vector<File> files_;
-  std::vector<std::string> committed_;  // rank 0: final paths renamed so far by commit()
-  bool staged_ = false;
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
 };
+
+// While a job runs: SIGTERM, SIGINT and SIGHUP remove the staged files (if any) and end the
+// process with exit code 128 + signal. Installed once per process by the command line; a library
+// caller keeps its own signal handling.
+void install_exit_signal_handlers();
 
 }  // namespace ringattn::runtime

@@ -1,0 +1,51 @@
+#pragma once
+// `ringattn probe`: measure this machine in three steps, under mpirun.
+//   1. ring sendrecv bandwidth between neighbours, 4 KiB .. 64 MiB;
+//   2. the block compute rate of this shape: block_forward on a shard-size block, S/N x S/N;
+//   3. beta = compute rate / bandwidth at one K/V block, the predicted per-step comm/compute
+//      beta / I_step, and the measured one from the real ring for this shape, with the verdict.
+// The measurements and their JSON; the command line prints the tables.
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "ringattn/comm/bandwidth.hpp"
+#include "ringattn/comm/comm.hpp"
+#include "ringattn/core/shape.hpp"
+#include "ringattn/io/json.hpp"
+
+namespace ringattn::runtime {
+
+using core::Index;
+
+struct ProbeConfig {
+  std::optional<Index> seq, batch, heads, kv_heads, head_dim;
+  std::string dtype = "f32";
+  bool causal = false;
+  std::string layout = "contiguous";
+  comm::BandwidthOptions bw;
+  double budget_s = 1.0;  // per compute measurement (kernel, ring): fewer repetitions when slow
+  bool json = false;
+};
+
+struct Probe {  // everything measured and derived, as rank 0 reports it
+  core::Shape shape;
+  core::DType dtype;
+  int N = 1;
+  Index L = 0;              // largest shard: the block the kernel is timed on and the ring moves
+  double block_bytes = 0;   // one K/V block: 2 B L HKV D p
+  std::vector<comm::BandwidthSample> bandwidth;
+  double kernel_s = 0, kernel_flops = 0, compute_flops = 0;
+  double block_gbps = 0, beta = 0, step_intensity = 0;
+  double predicted_step_compute_s = 0, predicted_step_comm_s = 0, predicted_comm_ratio = 0;
+  double ring_forward_s = 0, measured_step_compute_s = 0, measured_step_comm_s = 0, measured_comm_ratio = 0;
+  double exposed_wait_ratio = 0;
+  int kernel_iters = 0, ring_iters = 0;
+};
+
+// Collective. Validates the options (InputError, the same on every rank) and measures.
+Probe run_probe(const comm::Comm& comm, const ProbeConfig& c);
+
+io::Json probe_json(const ProbeConfig& c, const Probe& p);
+
+}  // namespace ringattn::runtime

@@ -1,0 +1,48 @@
+#pragma once
+// `ringattn run` as a library call: the options are planned and checked, the inputs read or
+// generated, the job mode (attention, or the whole layer with --layer) runs through the harness,
+// and the caller gets back what it needs to show. Nothing is printed here.
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "ringattn/comm/comm.hpp"
+#include "ringattn/io/report.hpp"
+#include "ringattn/runtime/job_config.hpp"
+
+namespace ringattn::runtime {
+
+// The facts of a job a summary line names.
+struct JobFacts {
+  core::Shape shape;
+  core::DType dtype = core::DType::f32;
+  std::string mask, layout, strategy;
+  int ranks = 1, iters = 1;
+  bool backward = true, layer = false;
+  Index model_dim = 0;
+  std::optional<double> rope;
+};
+
+// The layer's own per-rank figures (medians over --iters), for its table.
+struct LayerRankFigures {
+  double gemm_s = 0, rope_s = 0, ring_backward_s = 0, ring_wait_s = 0;
+  double dwo_elapsed_s = 0, dwo_exposed_s = 0, dwqkv_exposed_s = 0;
+  bool dwo_hidden = false;
+  Index allreduce_send_elems = 0, allreduce_recv_elems = 0;
+};
+
+struct RunResult {
+  io::Report report;  // complete on rank 0
+  JobFacts facts;
+  std::vector<LayerRankFigures> layer;  // --layer: one per rank, on rank 0
+  int exit_code = 0;                    // 0 ok, 1 check failed
+};
+
+// Collective. Bad input throws InputError on every rank (the ranks agree first); a failure after
+// validation throws AgreedFailure (every rank knows) or RuntimeFailure.
+RunResult run_job(const comm::Comm& comm, const JobConfig& cfg);
+
+// High-water mark of this process's resident memory in bytes.
+Index peak_rss_bytes();
+
+}  // namespace ringattn::runtime

@@ -1,0 +1,38 @@
+#include "ringattn/io/cost_json.hpp"
+
+namespace ringattn::io {
+
+Json plan_json(const core::CostInputs& in, const core::CostEstimate& e) {
+  Json j = Json::object();
+  j["recv_bytes"] = e.recv_bytes;
+  j["send_bytes"] = e.send_bytes;
+  j["step_intensity"] = e.step_intensity;
+  j["layer_intensity"] = e.layer_intensity;  // null (inf) with one rank: nothing is received
+  j["beta"] = e.beta;
+  j["compute_s"] = e.compute_s;
+  j["comm_s"] = e.comm_s;
+  j["comm_ratio"] = e.comm_ratio;
+  j["step_compute_s"] = e.step_compute_s;
+  j["step_comm_s"] = e.step_comm_s;
+  j["max_ranks"] = static_cast<std::int64_t>(e.max_ranks);
+  j["causal_utilization"] = e.causal_utilization;
+  j["causal_utilization_tri"] = e.causal_utilization_tri;
+  j["ulysses_recv_bytes"] = e.ulysses_recv_bytes;
+  j["tp_bytes"] = e.tp_bytes;
+  j["verdict"] = core::verdict_text(e.verdict);
+  Json x = Json::object();
+  x["seq"] = static_cast<std::int64_t>(in.S);
+  x["ranks"] = static_cast<std::int64_t>(in.N);
+  x["heads"] = static_cast<std::int64_t>(in.H);
+  x["kv_heads"] = static_cast<std::int64_t>(in.HKV);
+  x["head_dim"] = static_cast<std::int64_t>(in.D);
+  x["batch"] = static_cast<std::int64_t>(in.B);
+  x["bytes"] = in.bytes;
+  x["flops"] = in.flops;
+  x["bandwidth"] = in.bandwidth;
+  x["causal"] = in.causal;
+  j["inputs"] = x;
+  return j;
+}
+
+}  // namespace ringattn::io

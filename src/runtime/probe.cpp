@@ -1,0 +1,221 @@
+#include "ringattn/runtime/probe.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "ringattn/core/cost_model.hpp"
+#include "ringattn/core/errors.hpp"
+#include "ringattn/core/inputs.hpp"
+#include "ringattn/core/median.hpp"
+#include "ringattn/runtime/job_config.hpp"
+#include "ringattn/runtime/ring_attention.hpp"
+
+namespace ringattn::runtime {
+
+namespace {
+
+using core::median;
+
+// Repetitions every rank agrees on: as many as fit `budget_s` after one warm-up (slowest rank),
+// at least 3, at most `iters`.
+int repetitions(const comm::Comm& comm, double warm_s, double budget_s, int iters) {
+  const double slowest = comm.max(warm_s);
+  if (iters <= 3 || slowest <= 0) return iters;
+  return std::clamp(static_cast<int>(budget_s / slowest), 3, iters);
+}
+
+// Step 2: block_forward of L queries (all H heads) against one block of L keys, unmasked: the full
+// block pair most ring steps compute (a mask changes how many pairs, not the rate).
+template <class T>
+void measure_kernel(const comm::Comm& comm, const ProbeConfig& c, Probe& p) {
+  const core::Shape& s = p.shape;
+  const Index L = std::max<Index>(p.L, 1);
+  const core::Packing pq{s.B, s.HKV, s.G(), L, s.D}, pk{s.B, s.HKV, 1, L, s.D};
+  std::vector<Index> pos(L);
+  for (Index i = 0; i < L; ++i) pos[i] = i;
+  const core::Run all{0, 0, L};
+  std::vector<T> file(s.B * L * s.H * s.D), q(pq.q_elems()), kv(2 * pk.kv_elems());
+  core::generate_positions<T>(1, core::InputTensor::q, s.B, L, s.H * s.D, {&all, 1}, L, file.data());
+  core::pack_heads(pq, file.data(), q.data());
+  file.resize(s.B * L * s.HKV * s.D);
+  core::generate_positions<T>(1, core::InputTensor::k, s.B, L, s.HKV * s.D, {&all, 1}, L, file.data());
+  core::pack_heads(pk, file.data(), kv.data());
+  core::generate_positions<T>(1, core::InputTensor::v, s.B, L, s.HKV * s.D, {&all, 1}, L, file.data());
+  core::pack_heads(pk, file.data(), kv.data() + pk.kv_elems());
+  std::vector<T> m(pq.row_elems()), l(pq.row_elems()), acc(pq.q_elems());
+  core::Workspace<T> ws({}, s.D);  // the run's tiling and kernels
+  const core::Mask none = core::Mask::none();
+  const core::QueryShard<T> qs{pq, pos, q.data()};
+  const core::KVBlock<T> blk{pk, pos, kv.data(), kv.data() + pk.kv_elems()};
+  const T scale = static_cast<T>(1.0 / std::sqrt(double(s.D)));
+  core::Work work;
+  auto once = [&] {
+    const core::OnlineState<T> st{m.data(), l.data(), acc.data()};
+    core::init_online_state(pq, st);
+    comm.barrier();  // every rank computes at once, as in the ring (they share the machine)
+    const double t0 = comm::wtime();
+    work = core::block_forward(qs, blk, none, scale, st, ws);
+    return comm::wtime() - t0;
+  };
+  const int reps = repetitions(comm, once(), c.budget_s, c.bw.iters);
+  std::vector<double> t;
+  for (int i = 0; i < reps; ++i) t.push_back(once());
+  p.kernel_iters = reps;
+  p.kernel_s = comm.max(median(t));  // slowest rank
+  p.kernel_flops = work.flops;       // 4 L L H D B, as the kernel counts it
+  p.compute_flops = p.kernel_s > 0 ? work.flops / p.kernel_s : 0;
+}
+
+// Step 3's measurement: the real ring forward for this shape, a few times.
+template <class T>
+void measure_ring(const comm::Comm& comm, const ProbeConfig& c, const core::Layout& layout, const core::Mask& mask,
+                  Probe& p) {
+  const core::Shape& s = p.shape;
+  const int r = comm.rank(), N = comm.size();
+  const Index Lr = layout.size(r);
+  const auto runs = layout.runs(r);
+  std::vector<T> q(s.B * Lr * s.H * s.D), k(s.B * Lr * s.HKV * s.D), v(k.size());
+  core::generate_positions<T>(0, core::InputTensor::q, s.B, s.S, s.H * s.D, runs, Lr, q.data());
+  core::generate_positions<T>(0, core::InputTensor::k, s.B, s.S, s.HKV * s.D, runs, Lr, k.data());
+  core::generate_positions<T>(0, core::InputTensor::v, s.B, s.S, s.HKV * s.D, runs, Lr, v.data());
+  StrategySetup setup;
+  setup.shape = s;
+  setup.layout = &layout;
+  setup.mask = &mask;
+  setup.scale = 1.0 / std::sqrt(double(s.D));
+  setup.tiling = effective_tiling(setup.tiling, layout.max_size(), s.G());
+  RingAttention<T> ring(comm, setup);
+  ring.load(q.data(), k.data(), v.data());
+  struct Sample {
+    double total, compute, wait;
+  };
+  auto once = [&] {
+    comm.barrier();
+    const PassStats ps = ring.forward();
+    return Sample{comm.max(ps.total_s), comm.sum(ps.compute_s), comm.sum(ps.wait_s)};
+  };
+  const int reps = repetitions(comm, once().total, c.budget_s, c.bw.iters);
+  std::vector<double> total, step_compute, exposed;
+  for (int i = 0; i < reps; ++i) {
+    const Sample x = once();
+    total.push_back(x.total);
+    // Mean compute per (rank, step) slot of the N x N ring: with a causal mask this is the mean
+    // useful work of a step, the model's "half a block pair" (skipped blocks count as zero).
+    step_compute.push_back(x.compute / (double(N) * N));
+    exposed.push_back(x.compute > 0 ? x.wait / x.compute : 0);
+  }
+  p.ring_iters = reps;
+  p.ring_forward_s = median(total);
+  p.measured_step_compute_s = median(step_compute);
+  p.exposed_wait_ratio = median(exposed);
+}
+
+template <class T>
+Probe probe_typed(const comm::Comm& comm, const ProbeConfig& c, const core::Shape& shape, core::DType dtype) {
+  Probe p;
+  p.shape = shape;
+  p.dtype = dtype;
+  p.N = comm.size();
+  const core::Layout layout = core::Layout::make(core::parse_layout_kind(c.layout), shape.S, p.N);
+  const core::Mask mask = core::Mask::make(shape.S, c.causal, 0, {});
+  p.L = layout.max_size();
+  const double elem = double(sizeof(T));
+  p.block_bytes = 2.0 * double(shape.B) * double(p.L) * double(shape.HKV) * double(shape.D) * elem;
+
+  // step 1
+  p.bandwidth = comm::ring_bandwidth(comm, c.bw);
+  // step 2
+  measure_kernel<T>(comm, c, p);
+  // step 3: the model with this machine's figures ...
+  const double useful = c.causal ? 0.5 : 1.0;
+  p.step_intensity = core::step_intensity(double(p.L), shape.H, shape.HKV, elem, c.causal);
+  p.predicted_step_compute_s = useful * p.kernel_s;
+  if (p.N > 1) {
+    p.block_gbps = comm::interpolate_gbps(p.bandwidth, p.block_bytes);
+    p.beta = p.compute_flops / (p.block_gbps * 1e9);
+    p.predicted_step_comm_s = p.block_bytes / (p.block_gbps * 1e9);
+    p.predicted_comm_ratio = p.beta / p.step_intensity;  // = predicted step comm / step compute
+  }
+  // ... against the real ring: the step's compute inside the ring, and one block's transfer
+  // between neighbours timed alone at its exact size, one message in flight as in a ring step.
+  measure_ring<T>(comm, c, layout, mask, p);
+  if (p.N > 1 && p.block_bytes > 0) {
+    const comm::BandwidthSample one = comm::ring_transfer(comm, static_cast<std::size_t>(p.block_bytes), 1, c.bw);
+    p.measured_step_comm_s = one.time_s;
+    p.measured_comm_ratio = p.measured_step_compute_s > 0 ? p.measured_step_comm_s / p.measured_step_compute_s : 0;
+  }
+  return p;
+}
+
+}  // namespace
+
+Probe run_probe(const comm::Comm& comm, const ProbeConfig& c) {
+  // Every rank validates the same options and reaches the same verdict before any message.
+  core::Shape s{c.batch.value_or(kDefaultBatch), c.seq.value_or(kDefaultSeq), c.heads.value_or(kDefaultHeads), 0,
+                c.head_dim.value_or(kDefaultHeadDim)};
+  s.HKV = c.kv_heads.value_or(s.H);
+  s.validate();
+  core::DType dtype;
+  if (c.dtype == "f32") dtype = core::DType::f32;
+  else if (c.dtype == "f64") dtype = core::DType::f64;
+  else throw InputError(fmt::format("--dtype: unknown dtype '{}' (expected f32 or f64)", c.dtype));
+  core::parse_layout_kind(c.layout);
+  if (c.bw.iters < 1) throw InputError(fmt::format("--iters: {} is not >= 1", c.bw.iters));
+  if (!(c.budget_s > 0))
+    throw InputError(fmt::format("--budget: {} is not a positive time (expected SEC > 0)", c.budget_s));
+  const double shard = double(s.B) * double(s.S) / comm.size() * double(2 * s.H + 4 * s.HKV) * s.D * 8.0;
+  if (shard > 64e9) throw InputError(fmt::format("shape {} is too large to probe on one rank", s.str()));
+  return dtype == core::DType::f32 ? probe_typed<float>(comm, c, s, dtype) : probe_typed<double>(comm, c, s, dtype);
+}
+
+io::Json probe_json(const ProbeConfig& c, const Probe& p) {
+  const bool comms = p.N > 1;
+  io::Json j = io::Json::object();
+  io::Json cfg = io::Json::object();
+  cfg["ranks"] = p.N;
+  cfg["seq"] = static_cast<std::int64_t>(p.shape.S);
+  cfg["batch"] = static_cast<std::int64_t>(p.shape.B);
+  cfg["heads"] = static_cast<std::int64_t>(p.shape.H);
+  cfg["kv_heads"] = static_cast<std::int64_t>(p.shape.HKV);
+  cfg["head_dim"] = static_cast<std::int64_t>(p.shape.D);
+  cfg["dtype"] = core::dtype_name(p.dtype);
+  cfg["causal"] = c.causal;
+  cfg["layout"] = c.layout;
+  cfg["min_bytes"] = c.bw.min_bytes;
+  cfg["max_bytes"] = c.bw.max_bytes;
+  cfg["iters"] = c.bw.iters;
+  j["config"] = cfg;
+  io::Json bw = io::Json::array();
+  for (const comm::BandwidthSample& b : p.bandwidth) {
+    io::Json x = io::Json::object();
+    x["bytes"] = b.bytes;
+    x["time_s"] = b.time_s;
+    x["gbps"] = b.gbps;
+    x["window"] = b.window;
+    x["iters"] = b.iters;
+    x["wrong"] = b.wrong;
+    bw.push_back(x);
+  }
+  j["bandwidth"] = bw;
+  j["compute_flops"] = p.compute_flops;
+  j["block_bytes"] = p.block_bytes;
+  j["block_gbps"] = comms ? io::Json(p.block_gbps) : io::Json();
+  j["beta"] = comms ? io::Json(p.beta) : io::Json();
+  j["step_intensity"] = p.step_intensity;
+  j["predicted_step_compute_s"] = p.predicted_step_compute_s;
+  j["predicted_step_comm_s"] = p.predicted_step_comm_s;
+  j["predicted_comm_ratio"] = p.predicted_comm_ratio;
+  j["predicted_verdict"] = core::verdict_text(core::verdict_for(p.predicted_comm_ratio, comms));
+  j["ring_forward_s"] = p.ring_forward_s;
+  j["measured_step_compute_s"] = p.measured_step_compute_s;
+  j["measured_step_comm_s"] = p.measured_step_comm_s;
+  j["measured_comm_ratio"] = p.measured_comm_ratio;
+  j["exposed_wait_ratio"] = p.exposed_wait_ratio;
+  j["verdict"] = core::verdict_text(core::verdict_for(p.measured_comm_ratio, comms));
+  return j;
+}
+
+
+}  // namespace ringattn::runtime

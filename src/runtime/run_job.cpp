@@ -1,0 +1,70 @@
+#include "ringattn/runtime/run_job.hpp"
+
+#include <sys/resource.h>
+
+#include "jobs.hpp"
+#include "ringattn/core/errors.hpp"
+#include "ringattn/runtime/agreement.hpp"
+#include "ringattn/runtime/harness.hpp"
+#include "ringattn/runtime/staged_outputs.hpp"
+
+namespace ringattn::runtime {
+
+Index peak_rss_bytes() {
+  rusage ru{};
+  getrusage(RUSAGE_SELF, &ru);
+  return static_cast<Index>(ru.ru_maxrss) * 1024;  // Linux reports KiB
+}
+
+namespace {
+
+template <class S>
+RunResult run_typed(const comm::Comm& comm, const JobConfig& c, const JobPlan& p, StagedOutputs& staged) {
+  RunResult res;
+  std::unique_ptr<Job> job;
+  LayerJobBase* layer = nullptr;
+  if (c.layer) {
+    auto lj = make_layer_job<S>(comm, c, p);
+    layer = lj.get();
+    job = std::move(lj);
+  } else {
+    job = make_attention_job<S>(comm, c, p);
+  }
+  HarnessOptions ho;
+  ho.warmup = c.warmup;
+  ho.iters = c.iters;
+  ho.check = c.check;
+  ho.tolerance = check_tolerance(p.dtype);
+  ho.report = !c.report.empty();
+  ho.trace = !c.trace.empty();
+  ho.layout = &p.layout;
+  ho.config = config_json(c, p, comm.size());
+  ho.on_iteration = c.progress.iteration;
+  res.report = run_harness(comm, *job, staged, ho);
+  if (layer) res.layer = layer->figures();
+  res.exit_code = exit_code(res.report);
+  return res;
+}
+
+}  // namespace
+
+RunResult run_job(const comm::Comm& comm, const JobConfig& c) {
+  agreed(comm, [&] {
+    check_run_options(c);
+    if (c.layer && !c.trace.empty()) throw InputError("--trace: not supported with --layer (use --report)");
+  });
+  JobPlan p;
+  agreed(comm, [&] { p = make_plan(c, comm.size()); });
+  OutputPaths paths{c.out, c.report, c.trace, {}};
+  if (p.inputs.from_files())
+    for (std::size_t t = 0; t < p.inputs.specs.size(); ++t)
+      if (p.inputs.headers[t]) paths.inputs.push_back(p.inputs.path(p.inputs.specs[t]));
+  StagedOutputs staged(comm, paths);  // every output path checked before anything is computed
+  RunResult res = p.dtype == core::DType::f64 ? run_typed<double>(comm, c, p, staged)
+                                              : run_typed<float>(comm, c, p, staged);
+  res.facts = JobFacts{p.shape,  p.dtype,  p.mask.describe(), core::layout_name(p.layout.kind()),
+                       strategy_name(p.strategy), comm.size(), c.iters, c.backward, c.layer, p.model_dim, c.rope};
+  return res;
+}
+
+}  // namespace ringattn::runtime
