@@ -3,6 +3,7 @@
 #include <memory>
 
 #include "commands.hpp"
+#include "options.hpp"
 #include "lab_text.hpp"
 #include "ringattn/runtime/harness.hpp"
 #include "ringattn/runtime/lab.hpp"
@@ -14,7 +15,7 @@ Command add_lab_command(CLI::App& parent) {
   runtime::LabConfig& c = *cfg;
   CLI::App* lab = parent.add_subcommand(
       "lab", "the teaching example: five positions on two ranks, every ring event printed (mpirun -np 2)");
-  lab->add_option("--partition", c.partition,
+  add_integer(lab, "--partition", c.partition,
                   "contiguous shard sizes n0,...,n(N-1) summing to S, one per rank (default 2,3)")
       ->delimiter(',');
   lab->add_flag("--no-causal", [&c](std::int64_t) { c.causal = false; }, "every key visible (default causal j <= i)");
@@ -24,7 +25,7 @@ Command add_lab_command(CLI::App& parent) {
   lab->add_flag("--layer", c.layer,
                 "the whole layer around the ring: q,k,v = X Wq, X Wk, X Wv, Y = O Wo, weight gradients summed over ranks");
   lab->add_option("--report", c.report, "write the JSON report (the `run` format) here");
-  lab->add_option("--debug-drop-grad-step", c.drop_grad_step, "test hook: ignore one returned gradient")
+  add_integer(lab, "--debug-drop-grad-step", c.drop_grad_step, "test hook: ignore one returned gradient")
       ->group("");  // hidden
   Command cmd;
   cmd.cli = lab;

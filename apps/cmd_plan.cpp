@@ -5,6 +5,7 @@
 #include <memory>
 
 #include "commands.hpp"
+#include "options.hpp"
 #include "ringattn/core/cost_model.hpp"
 #include "ringattn/io/cost_json.hpp"
 
@@ -75,12 +76,12 @@ Command add_plan_command(CLI::App& parent) {
   auto opt = std::make_shared<Options>();
   core::CostInputs& in = opt->in;
   CLI::App* plan = parent.add_subcommand("plan", "cost model: bytes, intensity, beta, verdict (no MPI)");
-  plan->add_option("--seq", in.S, "total positions S")->capture_default_str();
-  plan->add_option("--ranks", in.N, "devices N")->capture_default_str();
-  plan->add_option("--heads", in.H, "query heads H")->capture_default_str();
-  plan->add_option("--kv-heads", in.HKV, "key/value heads HKV (H % HKV == 0)")->capture_default_str();
-  plan->add_option("--head-dim", in.D, "head dim D")->capture_default_str();
-  plan->add_option("--batch", in.B, "batch B")->capture_default_str();
+  add_integer(plan, "--seq", in.S, "total positions S")->capture_default_str();
+  add_integer(plan, "--ranks", in.N, "devices N")->capture_default_str();
+  add_integer(plan, "--heads", in.H, "query heads H")->capture_default_str();
+  add_integer(plan, "--kv-heads", in.HKV, "key/value heads HKV (H % HKV == 0)")->capture_default_str();
+  add_integer(plan, "--head-dim", in.D, "head dim D")->capture_default_str();
+  add_integer(plan, "--batch", in.B, "batch B")->capture_default_str();
   plan->add_option("--bytes", in.bytes, "bytes per element p (2 = bf16)")->capture_default_str();
   plan->add_option("--flops", in.flops, "device FLOP/s (peak for planning, measured to judge overlap)")
       ->capture_default_str();

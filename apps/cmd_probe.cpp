@@ -5,6 +5,7 @@
 #include <memory>
 
 #include "commands.hpp"
+#include "options.hpp"
 #include "text_format.hpp"
 #include "ringattn/core/cost_model.hpp"
 #include "ringattn/runtime/probe.hpp"
@@ -66,17 +67,17 @@ Command add_probe_command(CLI::App& parent) {
   ProbeConfig& c = *cfg;
   CLI::App* probe = parent.add_subcommand("probe", "measure this machine: bandwidth, compute rate, beta, "
                                                    "predicted and measured comm/compute (under mpirun)");
-  probe->add_option("--seq", c.seq, "total positions S (default 1024)");
-  probe->add_option("--batch", c.batch, "batch B (default 1)");
-  probe->add_option("--heads", c.heads, "query heads H (default 4)");
-  probe->add_option("--kv-heads", c.kv_heads, "key/value heads HKV, H % HKV == 0 (default H)");
-  probe->add_option("--head-dim", c.head_dim, "head dim D (default 64)");
+  add_integer(probe, "--seq", c.seq, "total positions S (default 1024)");
+  add_integer(probe, "--batch", c.batch, "batch B (default 1)");
+  add_integer(probe, "--heads", c.heads, "query heads H (default 4)");
+  add_integer(probe, "--kv-heads", c.kv_heads, "key/value heads HKV, H % HKV == 0 (default H)");
+  add_integer(probe, "--head-dim", c.head_dim, "head dim D (default 64)");
   probe->add_option("--dtype", c.dtype, "f32 or f64 (default f32)");
   probe->add_flag("--causal", c.causal, "causal mask j <= i for the ring run (half the pairs are useful)");
   probe->add_option("--layout", c.layout, "contiguous, striped or zigzag (default contiguous)");
-  probe->add_option("--min-bytes", c.bw.min_bytes, "smallest message of the bandwidth table")->capture_default_str();
-  probe->add_option("--max-bytes", c.bw.max_bytes, "largest message of the bandwidth table")->capture_default_str();
-  probe->add_option("--iters", c.bw.iters, "timed repetitions of each measurement, at most (at least 3 unless fewer)")
+  add_integer(probe, "--min-bytes", c.bw.min_bytes, "smallest message of the bandwidth table")->capture_default_str();
+  add_integer(probe, "--max-bytes", c.bw.max_bytes, "largest message of the bandwidth table")->capture_default_str();
+  add_integer(probe, "--iters", c.bw.iters, "timed repetitions of each measurement, at most (at least 3 unless fewer)")
       ->capture_default_str();
   probe->add_option("--budget", c.budget_s, "seconds per compute measurement before fewer repetitions are used")
       ->capture_default_str();

@@ -4,6 +4,7 @@
 #include <memory>
 
 #include "commands.hpp"
+#include "options.hpp"
 #include "ringattn/core/errors.hpp"
 #include "ringattn/runtime/run_job.hpp"
 #include "run_text.hpp"
@@ -14,48 +15,52 @@ Command add_run_command(CLI::App& parent) {
   auto cfg = std::make_shared<runtime::JobConfig>();
   runtime::JobConfig& c = *cfg;
   CLI::App* run = parent.add_subcommand("run", "ring attention forward and backward over the MPI ranks");
-  run->add_option("--seq", c.seq, "total positions S (default 1024)");
-  run->add_option("--batch", c.batch, "batch B (default 1)");
-  run->add_option("--heads", c.heads, "query heads H (default 4)");
-  run->add_option("--kv-heads", c.kv_heads, "key/value heads HKV, H % HKV == 0 (default H)");
-  run->add_option("--head-dim", c.head_dim, "head dim D (default 64)");
+  add_integer(run, "--seq", c.seq, "total positions S (default 1024)");
+  add_integer(run, "--batch", c.batch, "batch B (default 1)");
+  add_integer(run, "--heads", c.heads, "query heads H (default 4)");
+  add_integer(run, "--kv-heads", c.kv_heads, "key/value heads HKV, H % HKV == 0 (default H)");
+  add_integer(run, "--head-dim", c.head_dim, "head dim D (default 64)");
   run->add_option("--dtype", c.dtype, "f32 or f64 (default f32; --inputs files decide)");
   run->add_flag("--causal", c.causal, "causal mask j <= i on global positions");
-  run->add_option("--window", c.window, "causal sliding window W: i-W < j <= i");
-  run->add_option("--doc-lens", c.doc_lens, "packed documents a,b,... summing to S")->delimiter(',');
-  run->add_option("--layout", c.layout, "contiguous, striped or zigzag (default contiguous)");
-  run->add_option("--partition", c.partition, "contiguous shard sizes n0,...,n(N-1) summing to S")->delimiter(',');
+  add_integer(run, "--window", c.window, "causal sliding window W: i-W < j <= i");
+  add_integer(run, "--doc-lens", c.doc_lens, "packed documents a,b,... summing to S")->delimiter(',');
+  run->add_option("--layout", c.layout,
+                  "auto, contiguous, striped or zigzag (default auto: zigzag for a causal mask without a window, "
+                  "contiguous otherwise)");
+  add_integer(run, "--partition", c.partition, "contiguous shard sizes n0,...,n(N-1) summing to S")->delimiter(',');
   run->add_option("--scale", c.scale, "softmax scale (default 1/sqrt(D))");
-  run->add_option("--seed", c.seed, "seed of the generated inputs (default 0)");
+  add_integer(run, "--seed", c.seed, "seed of the generated inputs (default 0)");
   run->add_option("--inputs", c.inputs, "directory with q.npy k.npy v.npy dout.npy");
   run->add_option("--out", c.out, "directory for o.npy lse.npy dq.npy dk.npy dv.npy (and generated inputs)");
   run->add_flag("--check", c.check, "compare with a dense float64 reference; exit 1 over tolerance");
   run->add_option("--report", c.report, "write the JSON report here");
   run->add_flag("--no-backward", [&c](std::int64_t) { c.backward = false; }, "forward pass only");
-  run->add_option("--warmup", c.warmup, "untimed iterations first (default 0)");
-  run->add_option("--iters", c.iters, "timed iterations; times are medians (default 1)");
+  add_integer(run, "--warmup", c.warmup, "untimed iterations first (default 0)");
+  add_integer(run, "--iters", c.iters, "timed iterations; times are medians (default 1)");
   run->add_option("--trace", c.trace, "write one JSON line per rank per ring step here");
-  run->add_option("--timeout", c.timeout, "abort (exit 3) when a ring step waits longer than SEC (0 = never)");
+  run->add_option("--timeout", c.timeout,
+                  "abort (exit 3) when a wait lasts longer than SEC (0 = never; default: 300 s plus ten times the "
+                  "job's compute at 1 GFLOP/s)");
   run->add_option("--traffic", c.traffic,
                   "aware: move only blocks and gradients some rank needs (default); full: every block everywhere; "
                   "skip-empty: every block, no all-zero gradient returns");
-  run->add_option("--tile-q", c.tiling.q_rows, "query rows per tile (default 128)");
-  run->add_option("--tile-k", c.tiling.k_cols, "keys per tile (default 256)");
-  run->add_option("--tile-strip", c.tiling.strip_rows,
+  add_integer(run, "--tile-q", c.tiling.q_rows, "query rows per tile (default 128)");
+  add_integer(run, "--tile-k", c.tiling.k_cols, "keys per tile (default 256)");
+  add_integer(run, "--tile-strip", c.tiling.strip_rows,
                   "rows per strip of a partially visible tile, each strip trimmed to the keys it sees (default 32)");
   run->add_option("--rope", c.rope, "RoPE (rotate-half) on q and k at global positions, base THETA; D even");
   run->add_flag("--layer", c.layer,
                 "a whole layer: x wq wk wv wo dy -> y dx dwq dwk dwv dwo (weight gradients summed over ranks)");
-  run->add_option("--model-dim", c.model_dim, "model dim M for --layer (required unless --inputs gives it)");
+  add_integer(run, "--model-dim", c.model_dim, "model dim M for --layer (required unless --inputs gives it)");
   run->add_flag("--debug-average-weight-grads", c.average_weight_grads,
                 "test hook: average the weight gradients over ranks (wrong)")
       ->group("");
   run->add_flag("--debug-rope-local-positions", c.rope_local_positions,
                 "test hook: RoPE at local indices in --layer (wrong)")
       ->group("");
-  run->add_option("--debug-drop-grad-step", c.hooks.drop_grad_step, "test hook: ignore one returned gradient")
+  add_integer(run, "--debug-drop-grad-step", c.hooks.drop_grad_step, "test hook: ignore one returned gradient")
       ->group("");  // hidden
-  run->add_option("--debug-stall-rank", c.hooks.stall_rank, "test hook: this rank stalls before its first send")
+  add_integer(run, "--debug-stall-rank", c.hooks.stall_rank, "test hook: this rank stalls before its first send")
       ->group("");
   run->add_option("--debug-stall-seconds", c.hooks.stall_s, "test hook: how long it stalls")->group("");
   Command cmd;
@@ -65,7 +70,7 @@ Command add_run_command(CLI::App& parent) {
     if (run->count("--window") && c.window < 1)
       throw InputError(fmt::format("--window: {} is not a window (expected W >= 1)", c.window));
     if (!c.layer && run->count("--model-dim")) throw InputError("--model-dim: only applies with --layer");
-    comm->set_timeout(c.timeout);
+    comm->set_timeout(c.timeout.value_or(300));  // until the plan gives the job's watchdog
     ProgressLine progress;
     if (comm->rank() == 0) {
       c.progress.iteration = [&progress](int it, int n) { progress.iteration(it, n); };

@@ -16,8 +16,11 @@ struct Command {
   std::function<int(comm::Comm*)> run;
 };
 
-// The launcher's rank before MPI is initialised (to let only rank 0 print parse errors).
+// The launcher's rank and size before MPI is initialised (to let only rank 0 print parse errors,
+// and to know whether other ranks wait for this one).
 int launcher_rank();
+int launcher_size();
+std::string usage_message(const std::string& what);
 
 Command add_run_command(CLI::App& parent);
 Command add_lab_command(CLI::App& parent);

@@ -20,6 +20,22 @@ int launcher_rank() {
     if (const char* v = std::getenv(var)) return std::atoi(v);
   return 0;
 }
+
+int launcher_size() {
+  for (const char* var : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE"})
+    if (const char* v = std::getenv(var)) return std::atoi(v);
+  return 1;
+}
+
+// CLI11's words for a repeated option ("--seq: At Most 1 required but received 2") said plainly.
+std::string usage_message(const std::string& what) {
+  const std::string repeated = ": At Most 1 required but received ";
+  const auto at = what.find(repeated);
+  if (at != std::string::npos)
+    return fmt::format("{}: given {} times (expected once) (see 'ringattn --help')", what.substr(0, at),
+                       what.substr(at + repeated.size()));
+  return what + " (see 'ringattn --help')";
+}
 }  // namespace ringattn::app
 
 int main(int argc, char** argv) {
@@ -28,9 +44,11 @@ int main(int argc, char** argv) {
   std::vector<app::Command> commands = {app::add_run_command(cli), app::add_plan_command(cli),
                                         app::add_probe_command(cli), app::add_lab_command(cli)};
 
-  // Every rank parses the same argv and reaches the same verdict without talking, so a usage
-  // error ends every rank with exit 2 before MPI is even initialised.
+  // Every rank parses its argv. A usage error ends the job with exit 2 on every rank: without MPI
+  // when this rank is alone; under a launcher the ranks agree first, so a rank whose options are
+  // fine is not left waiting for one whose are not.
   const int launcher_rank = app::launcher_rank();
+  std::string usage_error;
   try {
     cli.parse(argc, argv);
   } catch (const CLI::CallForHelp&) {
@@ -40,7 +58,15 @@ int main(int argc, char** argv) {
     if (launcher_rank == 0) std::fputs(cli.help("", CLI::AppFormatMode::All).c_str(), stdout);
     return kExitOk;
   } catch (const CLI::ParseError& e) {
-    if (launcher_rank == 0) fmt::print(stderr, "ringattn: error: {} (see 'ringattn --help')\n", e.what());
+    usage_error = app::usage_message(e.what());
+  }
+  if (!usage_error.empty()) {
+    if (app::launcher_size() > 1) {
+      comm::Environment env(&argc, &argv);
+      const comm::Comm world = comm::Comm::world();
+      world.agree(usage_error);
+    }
+    if (launcher_rank == 0) fmt::print(stderr, "ringattn: error: {}\n", usage_error);
     return kExitBadInput;
   }
   app::Command* cmd = nullptr;

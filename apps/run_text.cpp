@@ -55,9 +55,11 @@ void print_attention(const runtime::RunResult& res) {
   fmt::print("  bytes moved: {} sent, {} received (all ranks); loss {}\n", human_bytes(sent), human_bytes(recv),
              loss_text(rep));
   const double mean = flops / std::max<std::size_t>(1, rep.ranks.size());
-  fmt::print("  work imbalance (max/mean flops): {:.3f}; for causal contiguous shards the block model gives "
-             "2N/(N+1) = {:.3f}, visible pairs only (2N-1)/N = {:.3f}\n",
-             mean > 0 ? max_flops / mean : 1.0, 2.0 * N / (N + 1), (2.0 * N - 1) / N);
+  fmt::print("  work imbalance (max/mean flops): {:.3f}", mean > 0 ? max_flops / mean : 1.0);
+  if (f.causal && N > 1)  // the model compares causal shards only
+    fmt::print("; for causal contiguous shards the block model gives 2N/(N+1) = {:.3f}, visible pairs only "
+               "(2N-1)/N = {:.3f}", 2.0 * N / (N + 1), (2.0 * N - 1) / N);
+  fmt::print("\n");
   fmt::print("  memory per rank (largest): ring buffers {}, peak RSS {}; total {:.2f} GFLOP\n",
              human_bytes(double(budget)), human_bytes(double(rss)), flops * 1e-9);
   if (rep.check)

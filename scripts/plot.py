@@ -202,7 +202,14 @@ def main():
     ap.add_argument("--cores", type=int, default=os.cpu_count() or 1, help="cores of the machine the sweep ran on")
     a = ap.parse_args()
 
-    rows = load(a.csv)
+    if not os.path.isfile(a.csv):
+        print(f"plot.py: error: {a.csv}: no such file (expected a CSV written by scripts/sweep.sh)", file=sys.stderr)
+        return 2
+    try:
+        rows = load(a.csv)
+    except (KeyError, ValueError, csv.Error) as e:
+        print(f"plot.py: error: {a.csv}: not a sweep CSV ({e})", file=sys.stderr)
+        return 2
     if not rows:
         print(f"plot.py: error: {a.csv}: no successful runs to plot", file=sys.stderr)
         return 2

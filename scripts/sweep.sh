@@ -28,7 +28,7 @@
 #   gflops                 FLOPs of all ranks / (forward_s + backward_s) / 1e9
 #   tile_pairs             computed tile pairs, all ranks
 #   imbalance              max / mean FLOPs over ranks (1 = balanced)
-#   step_intensity         seed-003 I_step from `ringattn plan` (FLOP/byte, halved when causal)
+#   step_intensity         I_step from `ringattn plan` (FLOP/byte, halved when causal)
 #   max_error              largest check.max_rel_err of o, lse, dq, dk, dv (empty without --check)
 #   status                 ok, check-failed or exit-<code>
 set -euo pipefail
@@ -85,9 +85,30 @@ KV_HEADS="${KV_HEADS:-$HEADS}"
 for m in $MASKS; do
   case "$m" in none|causal) ;; *) die "--masks: unknown mask '$m' (expected none or causal)" ;; esac
 done
-for v in $RANKS $SEQS "$HEADS" "$KV_HEADS" "$HEAD_DIM" "$ITERS" "$CHECK_MAX_SEQ" "$OVERSUB_MAX_SEQ"; do
-  [[ "$v" =~ ^[0-9]+$ ]] || die "'$v' is not a non-negative integer"
+# Everything is checked before the first run: a sweep must not fail an hour in.
+positive() {  # positive OPTION VALUES...
+  local opt="$1" v
+  shift
+  [ $# -gt 0 ] || die "$opt: no value (expected one or more integers >= 1)"
+  for v in "$@"; do
+    [[ "$v" =~ ^[0-9]+$ ]] && [ "$v" -ge 1 ] || die "$opt: '$v' is not an integer >= 1"
+  done
+}
+positive --ranks $RANKS
+positive --seqs $SEQS
+positive --heads "$HEADS"
+positive --kv-heads "$KV_HEADS"
+positive --head-dim "$HEAD_DIM"
+positive --iters "$ITERS"
+positive --check-max-seq "$CHECK_MAX_SEQ"
+positive --oversub-max-seq "$OVERSUB_MAX_SEQ"
+[[ "$WARMUP" =~ ^[0-9]+$ ]] || die "--warmup: '$WARMUP' is not an integer >= 0"
+[ "$((HEADS % KV_HEADS))" -eq 0 ] || die "--kv-heads: H=$HEADS is not a multiple of HKV=$KV_HEADS"
+[ -n "$LAYOUTS" ] || die "--layouts: no layout (expected contiguous, striped, zigzag or auto)"
+for l in $LAYOUTS; do
+  case "$l" in contiguous|striped|zigzag|auto) ;; *) die "--layouts: unknown layout '$l' (expected contiguous, striped, zigzag or auto)" ;; esac
 done
+case "$DTYPE" in f32|f64) ;; *) die "--dtype: unknown dtype '$DTYPE' (expected f32 or f64)" ;; esac
 
 [ "$DO_BUILD" = 1 ] && build >/dev/null
 [ -x "$BIN" ] || die "$BIN not found (build first, or pass --build)"
@@ -97,7 +118,8 @@ export OMPI_MCA_mpi_yield_when_idle=1
 CORES="$(nproc 2>/dev/null || echo 2)"
 mkdir -p "$(dirname "$OUT")"
 TMP="$(mktemp -d)"
-trap 'rm -rf "$TMP"' EXIT
+# A sweep that stops early leaves no half-written CSV.
+trap 'rm -rf "$TMP" "$OUT.partial"' EXIT
 
 CSV_COLUMNS="N S B H HKV D dtype causal layout forward_s backward_s compute_s wait_s wait_ratio fwd_wait_ratio bytes \
 gflops tile_pairs imbalance step_intensity max_error status"
@@ -109,12 +131,12 @@ import json, os, subprocess, sys
 N, S, mask, layout, status, report, trace, binary, H, HKV, D, dtype, cols = sys.argv[1:]
 causal = mask == "causal"
 p = 4 if dtype == "f32" else 8
-plan = json.loads(subprocess.run(
+planned = subprocess.run(
     [binary, "plan", "--seq", S, "--ranks", N, "--heads", H, "--kv-heads", HKV, "--head-dim", D,
-     "--bytes", str(p)] + (["--causal"] if causal else []) + ["--json"],
-    check=True, capture_output=True, text=True).stdout)
+     "--bytes", str(p)] + (["--causal"] if causal else []) + ["--json"], capture_output=True, text=True)
+plan = json.loads(planned.stdout) if planned.returncode == 0 else {}
 row = dict(N=N, S=S, B=1, H=H, HKV=HKV, D=D, dtype=dtype, causal=int(causal), layout=layout,
-           step_intensity=plan["step_intensity"], status=status)
+           step_intensity=plan.get("step_intensity", ""), status=status)
 if os.path.exists(report):
     rep = json.load(open(report))
     ranks = rep["ranks"]

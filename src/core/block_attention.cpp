@@ -27,7 +27,7 @@ constexpr T kNegInf = -std::numeric_limits<T>::infinity();
 // folded into the GEMM's alpha, so each score costs one exp2 (an FMA polynomial and a scalef,
 // ~1 ulp). double keeps the natural base and Eigen's exp for full accuracy.
 // Internal row statistics (running max m, and LSE during the backward) are in base units;
-// finalize_forward converts the LSE to the natural log.
+// finalize_forward writes the LSE in the natural log.
 template <class T>
 struct Base;
 
@@ -296,18 +296,19 @@ Work block_forward(const QueryShard<T>& q, const KVBlock<T>& kv, const Mask& mas
 }
 
 template <class T>
-void finalize_forward(const Packing& pk, OnlineState<T> st) {
+void finalize_forward(const Packing& pk, OnlineState<T> st, T* lse) {
   const Index rows = pk.row_elems(), D = pk.D;
   for (Index r = 0; r < rows; ++r) {
     T* a = st.acc + r * D;
     if (st.l[r] == T(0)) {  // no visible key: O = 0, LSE = -inf, never NaN
       std::fill_n(a, D, T(0));
       st.m[r] = kNegInf<T>;
+      lse[r] = kNegInf<T>;
       continue;
     }
     const T inv = T(1) / st.l[r];
     for (Index d = 0; d < D; ++d) a[d] *= inv;
-    st.m[r] = (st.m[r] + Base<T>::log(st.l[r])) * Base<T>::kToNatural;
+    lse[r] = (st.m[r] + Base<T>::log(st.l[r])) * Base<T>::kToNatural;
   }
 }
 
@@ -353,7 +354,8 @@ Work block_backward(const GradQueryShard<T>& gq, const KVBlock<T>& kv, const Mas
           CMap<T> Kp(Kt.data() + k0 * D, kc, D), Vp(Vt.data() + k0 * D, kc, D);
           MMap<T> dQp(gq.dq + qo + t.r0 * D, n, D);
           MMap<T> dKp(dKt.data() + k0 * D, kc, D), dVp(dVt.data() + k0 * D, kc, D);
-          const T* lse = gq.lse + ro + t.r0;
+          const T* mrow = gq.m + ro + t.r0;
+          const T* lrow = gq.l + ro + t.r0;
           const T* delta = gq.delta + ro + t.r0;
           MMap<T> P(ws.s.data(), n, kc), dS(ws.p.data(), n, kc);
           // pass 1: recompute P = exp(scale Q K^T - LSE) from the row LSE; invisible pairs 0
@@ -365,9 +367,16 @@ Work block_backward(const GradQueryShard<T>& gq, const KVBlock<T>& kv, const Mas
 #endif
           if (!packed) P.noalias() = alpha * (Qp * Kp.transpose());
           if (cls == TileClass::partial) apply_mask(P, mask, q.pos, G, kv.pos, t);
+          // P = e^(S - m) / l with the forward's own max m (a value of S itself, recomputed bit for
+          // bit here) and sum l kept apart: S - m <= 0 exactly, so P <= 1 however large the logits,
+          // where e^(S - LSE) with S and LSE rounded separately can exceed 1 and lose digits.
           for (Index i = 0; i < n; ++i) {
-            if (lse[i] == kNegInf<T>) P.row(i).setZero();  // row sees no key anywhere
-            else Base<T>::exp_sum(P.row(i).data(), kc, lse[i] * Base<T>::kLog);
+            if (lrow[i] == T(0)) {  // row sees no key anywhere
+              P.row(i).setZero();
+              continue;
+            }
+            Base<T>::exp_sum(P.row(i).data(), kc, mrow[i]);
+            P.row(i) *= T(1) / lrow[i];
           }
 #if defined(__AVX512F__)
           if constexpr (std::is_same_v<T, float>) {
@@ -407,7 +416,7 @@ Work block_backward(const GradQueryShard<T>& gq, const KVBlock<T>& kv, const Mas
   template void init_online_state<T>(const Packing&, OnlineState<T>);                                              \
   template Work block_forward<T>(const QueryShard<T>&, const KVBlock<T>&, const Mask&, T, OnlineState<T>,          \
                                  Workspace<T>&, Progress);                                                         \
-  template void finalize_forward<T>(const Packing&, OnlineState<T>);                                               \
+  template void finalize_forward<T>(const Packing&, OnlineState<T>, T*);                                           \
   template void compute_delta<T>(const Packing&, const T*, const T*, T*);                                          \
   template Work block_backward<T>(const GradQueryShard<T>&, const KVBlock<T>&, const Mask&, T, T*, T*,             \
                                   Workspace<T>&, Progress);

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <limits>
 
 #include "ringattn/core/errors.hpp"
 #include "ringattn/core/rope.hpp"
@@ -56,7 +57,8 @@ std::string shape_str(const std::vector<Index>& v) {
 void check_run_options(const JobConfig& c) {
   if (c.iters < 1) throw InputError(fmt::format("--iters: {} is not >= 1", c.iters));
   if (c.warmup < 0) throw InputError(fmt::format("--warmup: {} is negative", c.warmup));
-  if (c.timeout < 0) throw InputError(fmt::format("--timeout: {} is negative (0 disables the watchdog)", c.timeout));
+  if (c.timeout && !(std::isfinite(*c.timeout) && *c.timeout >= 0))
+    throw InputError(fmt::format("--timeout: {} is not a time (expected SEC >= 0; 0 disables the watchdog)", *c.timeout));
   for (const auto& [option, value] : {std::pair{"--tile-q", c.tiling.q_rows}, std::pair{"--tile-k", c.tiling.k_cols},
                                       std::pair{"--tile-strip", c.tiling.strip_rows}})
     if (value < 1 || value > 65536)
@@ -186,7 +188,7 @@ MemoryPlan memory_plan(const JobConfig& c, const JobPlan& p, int N, Index Lmax) 
   m.add("input shards", es * B * L * (2 * H + 2 * HKV) * D);
   // The ring's shards, two remote K/V buffers, state, gradient buffers and tile scratch.
   const double block = 2 * B * HKV * D * L, q = B * H * D * L, rows = B * H * L;
-  double ring = es * (q + block) + ea * (2 * rows + q) + (N > 1 ? es * 2 * block : 0.0);
+  double ring = es * (q + block) + ea * (3 * rows + q) + (N > 1 ? es * 2 * block : 0.0);
   if (c.backward) ring += es * q + ea * (rows + q + block) + (N > 1 ? ea * 4 * block : 0.0);
   const core::Tiling t = effective_tiling(c.tiling, Lmax, s.G());
   ring += ea * (2.0 * double(t.q_rows) * double(t.k_cols) + 2.0 * double(t.q_rows) + 2.0 * double(t.k_cols) * D);
@@ -246,7 +248,13 @@ JobPlan make_plan(const JobConfig& c, int N) {
   if (c.layer) layer_specs(p);
   else attention_specs(p);
 
-  const core::LayoutKind kind = core::parse_layout_kind(c.layout);
+  // auto: zigzag balances a causal triangle; a window or documents keep contiguous shards, whose
+  // bytes then scale with what is visible; explicit sizes are contiguous.
+  const bool automatic = c.layout == "auto";
+  const core::LayoutKind kind = automatic
+                                    ? (c.causal && c.window == 0 && c.partition.empty() ? core::LayoutKind::zigzag
+                                                                                         : core::LayoutKind::contiguous)
+                                    : core::parse_layout_kind(c.layout);
   if (!c.partition.empty()) {
     if (kind != core::LayoutKind::contiguous)
       throw InputError(fmt::format("--partition: only applies to --layout contiguous, not {}", c.layout));
@@ -275,7 +283,12 @@ JobPlan make_plan(const JobConfig& c, int N) {
   else throw InputError(fmt::format("--traffic: unknown plan '{}' (expected full, aware or skip-empty)", c.traffic));
   p.strategy = parse_strategy(c.strategy);
   p.scale = c.scale ? *c.scale : 1.0 / std::sqrt(double(p.shape.D));
-  if (!std::isfinite(p.scale)) throw InputError("--scale: must be finite");
+  if (!std::isfinite(p.scale)) throw InputError(fmt::format("--scale: {} is not a finite number", p.scale));
+  // The scores are computed in the accumulation type: the scale must be a finite number there too.
+  if (p.dtype != DType::f64 && !std::isfinite(static_cast<float>(p.scale)))
+    throw InputError(fmt::format("--scale: {:g} overflows {}'s float32 arithmetic (expected |scale| <= {:g})", p.scale,
+                                 core::dtype_name(p.dtype), double(std::numeric_limits<float>::max())));
+  p.timeout_s = c.timeout ? *c.timeout : default_timeout(c, p);
   return p;
 }
 
@@ -298,6 +311,59 @@ StrategySetup strategy_setup(const JobConfig& c, const JobPlan& p) {
   s.hooks = c.hooks;
   s.on_step = c.progress.step;
   return s;
+}
+
+double default_timeout(const JobConfig& c, const JobPlan& p) {
+  const Shape& s = p.shape;
+  const double L = double(p.layout.max_size()), S = double(s.S), HD = double(s.H) * double(s.D);
+  double flops = 4.0 * double(s.B) * L * S * HD * (c.backward ? 3.5 : 1.0);
+  if (c.layer) flops += 2.0 * double(s.B) * L * double(p.model_dim) * HD * 8;
+  if (c.check) flops += 4.0 * double(s.B) * S * S * HD * 3.5;
+  return 300.0 + 10.0 * flops / 1e9;
+}
+
+std::vector<PlanField> plan_fields(const JobConfig& c, const JobPlan& p) {
+  const Shape& s = p.shape;
+  auto num = [](double v) { return fmt::format("{:.17g}", v); };
+  std::vector<PlanField> f = {
+      {"S (--seq or the input files)", std::to_string(s.S)},
+      {"B (--batch or the input files)", std::to_string(s.B)},
+      {"H (--heads or the input files)", std::to_string(s.H)},
+      {"HKV (--kv-heads or the input files)", std::to_string(s.HKV)},
+      {"D (--head-dim or the input files)", std::to_string(s.D)},
+      {"the dtype (--dtype or the input files)", core::dtype_name(p.dtype)},
+      {"--layer", c.layer ? "on" : "off"},
+      {"M (--model-dim or the input files)", std::to_string(p.model_dim)},
+      {"--causal", c.causal ? "on" : "off"},
+      {"--window", std::to_string(c.window)},
+      {"--doc-lens", join(c.doc_lens)},
+      {"the layout (--layout)", core::layout_name(p.layout.kind())},
+      {"the shard sizes (--partition and the layout)", join(p.layout.sizes())},
+      {"--scale", num(p.scale)},
+      {"--strategy", strategy_name(p.strategy)},
+      {"--traffic", c.traffic},
+      {"--rope", c.rope ? num(*c.rope) : "off"},
+      {"--no-backward", c.backward ? "off" : "on"},
+      {"--check", c.check ? "on" : "off"},
+      {"--warmup", std::to_string(c.warmup)},
+      {"--iters", std::to_string(c.iters)},
+      {"--tile-q", std::to_string(c.tiling.q_rows)},
+      {"--tile-k", std::to_string(c.tiling.k_cols)},
+      {"--tile-strip", std::to_string(c.tiling.strip_rows)},
+      {"--seed", std::to_string(c.seed)},
+      {"--inputs", c.inputs},
+      {"--out", c.out},
+      {"--report", c.report},
+      {"--trace", c.trace},
+      {"--timeout", num(p.timeout_s)},
+      {"the test hooks", fmt::format("{} {} {} {} {}", c.hooks.drop_grad_step, c.hooks.stall_rank, c.hooks.stall_s,
+                                     c.average_weight_grads, c.rope_local_positions)}};
+  for (std::size_t t = 0; t < p.inputs.specs.size(); ++t)
+    if (p.inputs.from_files())
+      f.push_back({p.inputs.specs[t].name + ".npy's header",
+                   p.inputs.headers[t] ? io::describe(p.inputs.headers[t]->dtype, p.inputs.headers[t]->shape)
+                                       : "(absent)"});
+  return f;
 }
 
 io::Json config_json(const JobConfig& c, const JobPlan& p, int N) {
@@ -329,7 +395,7 @@ io::Json config_json(const JobConfig& c, const JobPlan& p, int N) {
   j["backward"] = c.backward;
   j["warmup"] = c.warmup;
   j["iters"] = c.iters;
-  j["timeout"] = c.timeout;
+  j["timeout"] = p.timeout_s;
   j["tile_q"] = c.tiling.q_rows;
   j["tile_k"] = c.tiling.k_cols;
   j["tile_strip"] = c.tiling.strip_rows;

@@ -9,6 +9,7 @@
 #include "ringattn/core/errors.hpp"
 #include "ringattn/core/inputs.hpp"
 #include "ringattn/core/median.hpp"
+#include "ringattn/runtime/agreement.hpp"
 #include "ringattn/runtime/job_config.hpp"
 #include "ringattn/runtime/ring_attention.hpp"
 
@@ -152,12 +153,14 @@ Probe probe_typed(const comm::Comm& comm, const ProbeConfig& c, const core::Shap
 }  // namespace
 
 Probe run_probe(const comm::Comm& comm, const ProbeConfig& c) {
-  // Every rank validates the same options and reaches the same verdict before any message.
-  core::Shape s{c.batch.value_or(kDefaultBatch), c.seq.value_or(kDefaultSeq), c.heads.value_or(kDefaultHeads), 0,
+  // Every rank validates its options; the ranks agree on the verdict before any message.
+  core::Shape s;
+  core::DType dtype = core::DType::f32;
+  agreed(comm, [&] {
+  s = core::Shape{c.batch.value_or(kDefaultBatch), c.seq.value_or(kDefaultSeq), c.heads.value_or(kDefaultHeads), 0,
                 c.head_dim.value_or(kDefaultHeadDim)};
   s.HKV = c.kv_heads.value_or(s.H);
   s.validate();
-  core::DType dtype;
   if (c.dtype == "f32") dtype = core::DType::f32;
   else if (c.dtype == "f64") dtype = core::DType::f64;
   else throw InputError(fmt::format("--dtype: unknown dtype '{}' (expected f32 or f64)", c.dtype));
@@ -167,6 +170,7 @@ Probe run_probe(const comm::Comm& comm, const ProbeConfig& c) {
     throw InputError(fmt::format("--budget: {} is not a positive time (expected SEC > 0)", c.budget_s));
   const double shard = double(s.B) * double(s.S) / comm.size() * double(2 * s.H + 4 * s.HKV) * s.D * 8.0;
   if (shard > 64e9) throw InputError(fmt::format("shape {} is too large to probe on one rank", s.str()));
+  });
   return dtype == core::DType::f32 ? probe_typed<float>(comm, c, s, dtype) : probe_typed<double>(comm, c, s, dtype);
 }
 

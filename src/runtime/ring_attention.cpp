@@ -36,6 +36,7 @@ RingAttention<T>::RingAttention(const comm::Comm& comm, const StrategySetup& set
   kv_own_.resize(2 * pk_own.kv_elems());
   m_.resize(pq_.row_elems());
   l_.resize(pq_.row_elems());
+  lse_.resize(pq_.row_elems());
   acc_.resize(pq_.q_elems());
   if (N_ > 1)
     for (auto* v : {&kv_buf_[0], &kv_buf_[1]}) v->resize(max_block);
@@ -58,7 +59,7 @@ template <class T>
 Index RingAttention<T>::resident_bytes() const {
   auto bytes = [](const auto&... v) { return ((Index(v.size()) * Index(sizeof(v[0]))) + ...); };
   return bytes(q_, kv_own_, dout_, kv_buf_[0], kv_buf_[1]) +
-         bytes(m_, l_, acc_, delta_, dq_, dkv_own_, grad_send_[0], grad_send_[1], grad_recv_[0], grad_recv_[1]) +
+         bytes(m_, l_, lse_, acc_, delta_, dq_, dkv_own_, grad_send_[0], grad_send_[1], grad_recv_[0], grad_recv_[1]) +
          bytes(ws_.s, ws_.p, ws_.rowbuf, ws_.rowmax, ws_.kt);
 }
 
@@ -70,7 +71,7 @@ Index RingAttention<T>::planned_bytes(const StrategySetup& setup, int r, bool ba
   const Index L = l.size(r), es = Index(sizeof(T)), ea = Index(sizeof(A));
   const Index kv = sh.B * sh.HKV * sh.D, q = sh.B * sh.H * sh.D, rows = sh.B * sh.H;
   const Index own = 2 * kv * L, block = 2 * kv * l.max_size();
-  Index bytes = es * (q * L + own) + ea * (2 * rows * L + q * L);  // q, own K/V; m, l, acc
+  Index bytes = es * (q * L + own) + ea * (3 * rows * L + q * L);  // q, own K/V; m, l, lse, acc
   if (N > 1) bytes += es * 2 * block;                               // the two remote K/V buffers
   if (backward) {
     bytes += es * q * L + ea * (rows * L + q * L + own);  // dout; delta, dq, own dK/dV
@@ -164,7 +165,7 @@ PassStats RingAttention<T>::forward() {
     if (s_.poll) s_.poll();
     if (s_.on_step) s_.on_step(0, j + 1, plan_.steps());
   }
-  core::finalize_forward(pq_, st);
+  core::finalize_forward(pq_, st, lse_.data());
   ledger_.ring_bytes(Index(sizeof(T)), Index(sizeof(A)));
   ps.total_s = comm::wtime() - t_pass;
   return ps;
@@ -181,7 +182,7 @@ PassStats RingAttention<T>::backward() {
   core::compute_delta(pq_, dout_.data(), acc_.data(), delta_.data());
   std::fill(dq_.begin(), dq_.end(), A(0));
   std::fill(dkv_own_.begin(), dkv_own_.end(), A(0));
-  const core::GradQueryShard<T> gq{qshard_, dout_.data(), m_.data(), delta_.data(), dq_.data()};
+  const core::GradQueryShard<T> gq{qshard_, dout_.data(), m_.data(), l_.data(), delta_.data(), dq_.data()};
   const Index own_elems = static_cast<Index>(dkv_own_.size());
   // Gradient transfers of step j complete at the end of step j+1, so they overlap compute.
   comm::Exchange gx0(comm_), gx1(comm_);
@@ -284,7 +285,7 @@ void RingAttention<T>::outputs(A* o, A* lse, A* dq, A* dk, A* dv) const {
     for (Index b = 0; b < pq_.B; ++b)
       for (Index g = 0; g < pq_.HKV; ++g)
         for (Index i = 0; i < L_; ++i)
-          for (Index t = 0; t < G; ++t) lse[(b * H + g * G + t) * L_ + i] = m_[pq_.row_group(b, g) + i * G + t];
+          for (Index t = 0; t < G; ++t) lse[(b * H + g * G + t) * L_ + i] = lse_[pq_.row_group(b, g) + i * G + t];
   }
 }
 

@@ -48,13 +48,15 @@ RunResult run_typed(const comm::Comm& comm, const JobConfig& c, const JobPlan& p
 
 }  // namespace
 
-RunResult run_job(const comm::Comm& comm, const JobConfig& c) {
+RunResult run_job(comm::Comm& comm, const JobConfig& c) {
   agreed(comm, [&] {
     check_run_options(c);
     if (c.layer && !c.trace.empty()) throw InputError("--trace: not supported with --layer (use --report)");
   });
   JobPlan p;
   agreed(comm, [&] { p = make_plan(c, comm.size()); });
+  agree_on_plan(comm, plan_fields(c, p));  // before anything whose size depends on the plan
+  comm.set_timeout(p.timeout_s);
   OutputPaths paths{c.out, c.report, c.trace, {}};
   if (p.inputs.from_files())
     for (std::size_t t = 0; t < p.inputs.specs.size(); ++t)
@@ -62,8 +64,9 @@ RunResult run_job(const comm::Comm& comm, const JobConfig& c) {
   StagedOutputs staged(comm, paths);  // every output path checked before anything is computed
   RunResult res = p.dtype == core::DType::f64 ? run_typed<double>(comm, c, p, staged)
                                               : run_typed<float>(comm, c, p, staged);
-  res.facts = JobFacts{p.shape,  p.dtype,  p.mask.describe(), core::layout_name(p.layout.kind()),
-                       strategy_name(p.strategy), comm.size(), c.iters, c.backward, c.layer, p.model_dim, c.rope};
+  res.facts = JobFacts{p.shape,    p.dtype,   p.mask.describe(), core::layout_name(p.layout.kind()),
+                       strategy_name(p.strategy), comm.size(), c.iters, c.backward, c.layer, p.mask.causal(),
+                       p.model_dim, c.rope};
   return res;
 }
 

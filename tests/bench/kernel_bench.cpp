@@ -125,7 +125,7 @@ struct Problem {
   Index L, D;
   Packing pq, pk;
   std::vector<Index> pos;
-  AlignedVector<float> q, k, v, dout, m, l, acc, delta, dq, dk, dv;
+  AlignedVector<float> q, k, v, dout, m, l, lse, acc, delta, dq, dk, dv;
 };
 
 Problem make_problem(Index L, Index D) {
@@ -138,6 +138,7 @@ Problem make_problem(Index L, Index D) {
   p.dout = randn<float>(L * D, 4);
   p.m.resize(L);
   p.l.resize(L);
+  p.lse.resize(L);
   p.acc.resize(L * D);
   p.delta.resize(L);
   p.dq.resize(L * D);
@@ -152,9 +153,9 @@ GradQueryShard<float> forward_for_backward(Problem& p, Workspace<float>& ws) {
   OnlineState<float> s{p.m.data(), p.l.data(), p.acc.data()};
   init_online_state(p.pq, s);
   block_forward(qs, KVBlock<float>{p.pk, p.pos, p.k.data(), p.v.data()}, Mask{}, 0.125f, s, ws);
-  finalize_forward(p.pq, s);
+  finalize_forward(p.pq, s, p.lse.data());
   compute_delta(p.pq, p.dout.data(), p.acc.data(), p.delta.data());
-  return GradQueryShard<float>{qs, p.dout.data(), p.m.data(), p.delta.data(), p.dq.data()};
+  return GradQueryShard<float>{qs, p.dout.data(), p.m.data(), p.l.data(), p.delta.data(), p.dq.data()};
 }
 
 void BM_BlockForward(benchmark::State& st) {

@@ -218,5 +218,37 @@ def test_balance_and_window():
                   f"causal ring's {recv(full)}")
 
 
+def test_defaults_and_summary():
+    """What a run does without being told, and what its summary says."""
+    small = ["run", "--seq", 64, "--heads", 2, "--head-dim", 8]
+    with tempfile.TemporaryDirectory() as d:
+        def config(n, *extra):
+            p = ringattn(n, *small, *extra, "--report", f"{d}/r.json")
+            check(p.returncode == 0, f"{' '.join(map(str, extra))}: exit 0 ({p.stderr.strip()[-200:]})")
+            return (json.load(open(f"{d}/r.json"))["config"] if p.returncode == 0 else {}), p.stdout
+        for extra, layout in ((["--causal"], "zigzag"), (["--causal", "--window", 8], "contiguous"),
+                              ([], "contiguous"), (["--causal", "--partition", "30,34"], "contiguous")):
+            cfg, out = config(2, *extra)
+            check(cfg.get("layout") == layout, f"layout auto with {extra}: {cfg.get('layout')} (expected {layout})")
+            check(f"layout {layout}" in out, f"the summary names layout {layout}")
+        cfg, _ = config(2)
+        check(isinstance(cfg.get("timeout"), float) and cfg["timeout"] >= 300, f"the default watchdog is on: "
+              f"{cfg.get('timeout')} s")
+        cfg, _ = config(2, "--timeout", 0)
+        check(cfg.get("timeout") == 0, "--timeout 0 turns it off")
+        _, out = config(2, "--no-backward")
+        loss = next((l.split("loss ")[1].split()[0] for l in out.splitlines() if "loss " in l), "0")
+        check(loss not in ("0", "-") and float(loss) != 0, f"--no-backward reports the loss of its outputs: {loss}")
+        _, out = config(2)
+        check("block model" not in out, "no causal block model for a non-causal run")
+        _, out = config(1, "--causal")
+        check("block model" not in out, "no causal block model at N=1")
+        _, out = config(2, "--causal")
+        check("block model" in out, "the causal block model for a causal run at N=2")
+    # a reference that vanishes (one key per row: dQ = 0) is judged against the output's magnitude
+    p = ringattn(2, "run", "--seq", 1, "--heads", 2, "--head-dim", 8, "--check")
+    check(p.returncode == 0 and "PASSED" in p.stdout, f"S=1: dq vanishes and the check passes ({p.stdout[-200:]})")
+
+
 if __name__ == "__main__":
     sys.exit(main(globals()))

@@ -180,6 +180,27 @@ def test_sweep_plot():
             check(ok, f"{k} chart is a PNG")
 
 
+def test_sweep_bad_input():
+    """sweep.sh refuses bad options before its first run, with one line and exit 2, and leaves no
+    half-written CSV; plot.py on a missing file says so in one line."""
+    with tempfile.TemporaryDirectory() as d:
+        out = f"{d}/s.csv"
+        sweep_env = dict(env(), RINGATTN_BUILD=os.path.dirname(ARGS.binary))
+        for args, word in ((["--seqs", "0"], "--seqs"), (["--ranks", "1 x"], "--ranks"),
+                           (["--layouts", "diagonal"], "--layouts"), (["--dtype", "f128"], "--dtype"),
+                           (["--heads", "4", "--kv-heads", "3"], "--kv-heads")):
+            p = subprocess.run(["bash", f"{ARGS.root}/scripts/sweep.sh", *args, "--no-probe", "--out", out],
+                               env=sweep_env, capture_output=True, text=True, timeout=60)
+            lines = [l for l in p.stderr.splitlines() if l.strip()]
+            check(p.returncode == 2 and len(lines) == 1 and word in lines[0] and "sweep: [" not in p.stderr,
+                  f"sweep.sh {' '.join(args)}: exit 2 before any run, one line naming {word} ({p.returncode}: {lines[:2]})")
+            check(os.listdir(d) == [], f"sweep.sh {' '.join(args)}: nothing left behind ({os.listdir(d)})")
+        p = run(["/usr/bin/python3", f"{ARGS.root}/scripts/plot.py", f"{d}/missing.csv"])
+        lines = [l for l in p.stderr.splitlines() if l.strip()]
+        check(p.returncode == 2 and len(lines) == 1 and "missing.csv" in lines[0] and "Traceback" not in p.stderr,
+              f"plot.py on a missing file: one line, exit 2 ({p.returncode}: {lines[:2]})")
+
+
 if __name__ == "__main__":
     sys.exit(main(globals(), lambda ap: ap.add_argument(
         "--root", default=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))))

@@ -83,13 +83,13 @@ BlockSoftmax block_softmax(const LabResult& r, std::vector<Index> qpos, std::vec
   }
   const Packing pq{1, 1, 1, Lq, D}, pk{1, 1, 1, Lk, D};
   BlockSoftmax out{std::vector<double>(Lq * D), std::vector<double>(Lq)};
-  std::vector<double> l(Lq);
-  const OnlineState<double> st{out.lse.data(), l.data(), out.o.data()};
+  std::vector<double> m(Lq), l(Lq);
+  const OnlineState<double> st{m.data(), l.data(), out.o.data()};
   init_online_state(pq, st);
   Workspace<double> ws;
   block_forward(QueryShard<double>{pq, qpos, q.data()}, KVBlock<double>{pk, kpos, k.data(), v.data()}, mask, r.scale,
                 st, ws);
-  finalize_forward(pq, st);
+  finalize_forward(pq, st, out.lse.data());
   return out;
 }
 

@@ -238,6 +238,22 @@ CASES = [
     Case("report_under_a_file", SMALL + ["--report", "{d}/afile/r.json"], ["--report"], a_file),
     Case("report_in_proc", SMALL + ["--report", "/proc/ringattn-robust-test.json"], ["--report"]),
     Case("trace_in_proc", SMALL + ["--trace", "/proc/ringattn-robust-test.jsonl"], ["--trace"]),
+    # values that make no sense, found before anything runs
+    Case("timeout_nan", SMALL + ["--timeout", "nan"], ["--timeout"]),
+    Case("scale_overflows_f32", SMALL + ["--scale", "1e39"], ["--scale"]),
+    Case("seq_beyond_64_bits", ["--seq", "99999999999999999999"], ["--seq"]),
+    Case("seed_beyond_64_bits", SMALL + ["--seed", str(2**64)], ["--seed"]),
+    Case("option_given_twice", SMALL + ["--seq", 32], ["--seq", "2 times"]),
+    # output paths, all checked before any compute
+    Case("report_is_a_directory", SMALL + ["--report", "{d}"], ["--report", "directory"]),
+    Case("trace_is_a_directory", SMALL + ["--trace", "{d}"], ["--trace", "directory"]),
+    Case("report_name_too_long", SMALL + ["--report", "{d}/" + "r" * 256], ["--report", "characters"]),
+    Case("report_is_an_input", INPUTS + ["--report", "{in}/q.npy"], ["--report", "q.npy"], inputs_with(lambda inp: None)),
+    Case("report_is_the_trace", SMALL + ["--report", "{d}/x.json", "--trace", "{d}/x.json"], ["--report", "--trace"]),
+    Case("out_missing_parent", SMALL + ["--out", "{d}/nope/out"], ["--out", "parent"], out=False),
+    Case("trace_with_layer", ["--layer", "--model-dim", 8, "--seq", 16, "--trace", "{d}/t.jsonl"], ["--trace"]),
+    # memory counted before anything is allocated: the layer's weights too
+    Case("layer_weights_beyond_memory", ["--layer", "--model-dim", 10**7, "--seq", 64], ["--model-dim"]),
 ]
 
 

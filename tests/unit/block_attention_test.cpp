@@ -94,15 +94,15 @@ DenseResult simulate_ring(const Global& g, const Layout& l, const Mask& mask, do
   for (int r = 0; r < N; ++r) {
     const Packing pq{s.B, s.HKV, s.G(), l.size(r), s.D};
     auto q = shard_packed<T>(g.q, s, s.H, l, r), dout = shard_packed<T>(g.dout, s, s.H, l, r);
-    std::vector<T> m(pq.row_elems()), lsum(pq.row_elems()), acc(pq.q_elems()), delta(pq.row_elems()),
-        dq(pq.q_elems(), T(0));
+    std::vector<T> m(pq.row_elems()), lsum(pq.row_elems()), lse(pq.row_elems()), acc(pq.q_elems()),
+        delta(pq.row_elems()), dq(pq.q_elems(), T(0));
     const QueryShard<T> qs{pq, l.positions(r), q.data()};
     OnlineState<T> st{m.data(), lsum.data(), acc.data()};
     init_online_state(pq, st);
     for (int j = 0; j < N; ++j) block_forward(qs, block(((r - j) % N + N) % N), mask, T(scale), st, ws);
-    finalize_forward(pq, st);
+    finalize_forward(pq, st, lse.data());
     compute_delta(pq, dout.data(), acc.data(), delta.data());
-    const GradQueryShard<T> gq{qs, dout.data(), m.data(), delta.data(), dq.data()};
+    const GradQueryShard<T> gq{qs, dout.data(), m.data(), lsum.data(), delta.data(), dq.data()};
     for (int j = 0; j < N; ++j) {
       const int o = ((r - j) % N + N) % N;
       contrib[r][j].assign(kv[o].size(), T(0));
@@ -115,7 +115,7 @@ DenseResult simulate_ring(const Global& g, const Layout& l, const Mask& mask, do
     for (Index b = 0; b < s.B; ++b)
       for (Index h = 0; h < s.H; ++h)
         for (Index i = 0; i < l.size(r); ++i)
-          out.lse[(b * s.H + h) * s.S + l.positions(r)[i]] = m[pq.row_group(b, h / s.G()) + i * s.G() + h % s.G()];
+          out.lse[(b * s.H + h) * s.S + l.positions(r)[i]] = lse[pq.row_group(b, h / s.G()) + i * s.G() + h % s.G()];
   }
   for (int o = 0; o < N; ++o) {
     // owner o receives at step j from rank (o + j) mod N
@@ -221,19 +221,19 @@ TEST(BlockAttention, PackedAndEigenFloat32KernelsAgree) {
   const KVBlock<float> kv{Packing{s.B, s.HKV, 1, s.S, s.D}, whole.positions(0), k.data(), v.data()};
   // o, lse, dq, dk, dv one after another
   auto run = [&](const std::vector<float>& qv, Index head_dim) {
-    std::vector<float> m(pq.row_elems()), l(pq.row_elems()), acc(pq.q_elems()), delta(pq.row_elems()),
-        dq(pq.q_elems(), 0.f), dk(k.size(), 0.f), dv(v.size(), 0.f);
+    std::vector<float> m(pq.row_elems()), l(pq.row_elems()), lse(pq.row_elems()), acc(pq.q_elems()),
+        delta(pq.row_elems()), dq(pq.q_elems(), 0.f), dk(k.size(), 0.f), dv(v.size(), 0.f);
     OnlineState<float> st{m.data(), l.data(), acc.data()};
     init_online_state(pq, st);
     Workspace<float> ws(Tiling{24, 40, 8}, head_dim);
     const QueryShard<float> qs{pq, whole.positions(0), qv.data()};
     block_forward(qs, kv, mask, 0.125f, st, ws);
-    finalize_forward(pq, st);
+    finalize_forward(pq, st, lse.data());
     compute_delta(pq, dout.data(), acc.data(), delta.data());
-    block_backward(GradQueryShard<float>{qs, dout.data(), m.data(), delta.data(), dq.data()}, kv, mask, 0.125f,
-                   dk.data(), dv.data(), ws);
+    block_backward(GradQueryShard<float>{qs, dout.data(), m.data(), l.data(), delta.data(), dq.data()}, kv, mask,
+                   0.125f, dk.data(), dv.data(), ws);
     std::vector<double> out;
-    for (const auto* t : {&acc, &m, &dq, &dk, &dv}) out.insert(out.end(), t->begin(), t->end());
+    for (const auto* t : {&acc, &lse, &dq, &dk, &dv}) out.insert(out.end(), t->begin(), t->end());
     return out;
   };
   const std::vector<double> eigen = run(q, 0), packed = run(q, s.D);
@@ -276,11 +276,12 @@ TEST(BlockAttention, OnlineSoftmaxIsIndependentOfBlockOrderAndSplit) {
       const KVBlock<double> kv{Packing{s.B, s.HKV, 1, blocks.size(o), s.D}, blocks.positions(o), k.data(), v.data()};
       block_forward(QueryShard<double>{pq, whole.positions(0), q.data()}, kv, mask, scale, st, ws);
     }
-    finalize_forward(pq, st);
+    std::vector<double> rows(pq.row_elems());
+    finalize_forward(pq, st, rows.data());
     std::vector<double> o(g.q.size()), lse(s.B * s.H * s.S);
     unshard(acc, s, s.H, whole, 0, o);
     for (Index h = 0; h < s.H; ++h)
-      for (Index i = 0; i < s.S; ++i) lse[h * s.S + i] = m[i * s.G() + h];
+      for (Index i = 0; i < s.S; ++i) lse[h * s.S + i] = rows[i * s.G() + h];
     EXPECT_LE(rel(o, ref.o), 1e-13) << "trial " << trial;
     EXPECT_LE(rel(lse, ref.lse), 1e-13) << "trial " << trial;
   }
@@ -306,7 +307,8 @@ TEST(BlockAttention, EqualWeightAveragingOfBlockSoftmaxesIsCaught) {
     block_forward(QueryShard<double>{pq, whole.positions(0), q.data()},
                   KVBlock<double>{Packing{1, 1, 1, halves.size(o), s.D}, halves.positions(o), k.data(), v.data()},
                   Mask::none(), scale, st, ws);
-    finalize_forward(pq, st);
+    std::vector<double> lse(pq.row_elems());
+    finalize_forward(pq, st, lse.data());
     for (std::size_t e = 0; e < avg.size(); ++e) avg[e] += 0.5 * acc[e];
   }
   std::vector<double> o(g.q.size());

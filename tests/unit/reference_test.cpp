@@ -95,3 +95,13 @@ TEST(Reference, MaxRelErrorCatchesNanAndMisplacedInfinity) {
   EXPECT_EQ(max_rel_error({-inf, 2}, {-inf, 2}), 0);
   EXPECT_EQ(max_rel_error({0, 2}, {-inf, 2}), inf);
 }
+
+// Where the reference vanishes (a gradient that cancels), the error is measured against the
+// output's natural magnitude instead: rounding noise on an exact zero is not a failure.
+TEST(MaxRelError, FloorReplacesAVanishingReference) {
+  const std::vector<double> ref = {0.0, 1e-17, -2e-18}, got = {1e-9, -1e-9, 0.0};
+  EXPECT_GT(max_rel_error(got, ref), 1e7);            // relative to max |ref| = 1e-17: absurd
+  EXPECT_NEAR(max_rel_error(got, ref, 10.0), 1e-10, 1e-16);  // relative to the floor
+  const std::vector<double> big = {5.0, -20.0}, near = {5.0, -19.0};
+  EXPECT_DOUBLE_EQ(max_rel_error(near, big, 10.0), 1.0 / 20.0);  // a larger max |ref| wins
+}

@@ -105,10 +105,11 @@ template <class S>
 Work block_forward(const QueryShard<S>& q, const KVBlock<S>& kv, const Mask& mask, accum_t<S> scale,
                    OnlineState<accum_t<S>> st, Workspace<accum_t<S>>& ws, Progress progress = {});
 
-// O = a / l and LSE = m + log l, in place over the state (acc becomes O, m becomes LSE).
-// A row with no visible key has O = 0 and LSE = -inf.
+// O = a / l in place (acc becomes O) and LSE = m + log l (natural log) into lse [rows]; m and l
+// stay, in the kernel's units, for the backward. A row with no visible key has O = 0, m = LSE = -inf
+// and l = 0.
 template <class A>
-void finalize_forward(const Packing& pk, OnlineState<A> st);
+void finalize_forward(const Packing& pk, OnlineState<A> st, A* lse);
 
 // What the backward needs of the query side.
 template <class S>
@@ -116,7 +117,8 @@ struct GradQueryShard {
   using A = accum_t<S>;
   QueryShard<S> q;
   const S* dout = nullptr;   // query-like
-  const A* lse = nullptr;    // row stats
+  const A* m = nullptr;      // row stats: the forward's final running max (kernel units)
+  const A* l = nullptr;      // row stats: the forward's exp-sum (0: the row sees no key)
   const A* delta = nullptr;  // row stats: D_i = sum_d dO_i . O_i
   A* dq = nullptr;           // query-like, accumulated
 };
@@ -127,7 +129,7 @@ void compute_delta(const Packing& pk, const S* dout, const accum_t<S>* o, accum_
 
 // Contribution of the local queries through one K/V block, accumulated into dq (local) and
 // dk, dv (kv-like, shaped like the block):
-//   P = exp(S - LSE), dP = dO V^T, dS = P o (dP - D),
+//   P = exp(S - m) / l, dP = dO V^T, dS = P o (dP - D),
 //   dQ += scale dS K,  dK += scale dS^T Q,  dV += P^T dO.
 template <class S>
 Work block_backward(const GradQueryShard<S>& g, const KVBlock<S>& kv, const Mask& mask, accum_t<S> scale,

@@ -13,6 +13,7 @@
 #include "ringattn/core/ring_plan.hpp"
 #include "ringattn/core/shape.hpp"
 #include "ringattn/io/json.hpp"
+#include "ringattn/runtime/agreement.hpp"
 #include "ringattn/runtime/input_plan.hpp"
 #include "ringattn/runtime/strategy.hpp"
 
@@ -31,14 +32,14 @@ struct JobConfig {
   bool causal = false;
   Index window = 0;
   std::vector<Index> doc_lens;
-  std::string layout = "contiguous";
+  std::string layout = "auto";  // zigzag for a causal mask without a window, contiguous otherwise
   std::vector<Index> partition;
   std::optional<double> scale;
   std::uint64_t seed = 0;
   std::string inputs, out, report, trace;
   bool check = false, backward = true;
   int warmup = 0, iters = 1;
-  double timeout = 0;
+  std::optional<double> timeout;  // watchdog seconds; 0 = off; empty = default_timeout()
   core::Tiling tiling;
   std::string traffic = "aware";  // full | aware | skip-empty (see core::RingPlan)
   std::optional<double> rope;     // --rope THETA: RoPE on q and k at global positions (D even)
@@ -66,7 +67,8 @@ struct JobPlan {
   core::Traffic traffic = core::Traffic::aware;
   StrategyKind strategy = StrategyKind::ring;
   double scale = 1;
-  InputPlan inputs;  // what is read or generated, and how
+  double timeout_s = 0;  // the watchdog: --timeout, or default_timeout()
+  InputPlan inputs;      // what is read or generated, and how
 };
 
 // Throws InputError naming the option or file at fault. Reads input headers, no data.
@@ -85,7 +87,16 @@ io::Json config_json(const JobConfig& c, const JobPlan& p, int N);
 // float after exp amplifies score rounding by |S|, and sums over S keys), f64 1e-10.
 double check_tolerance(core::DType t);
 
-// Shared option checks: --iters >= 1, --warmup >= 0, --timeout >= 0 and tile sizes.
+// Shared option checks: --iters >= 1, --warmup >= 0, --timeout finite and >= 0, tile sizes.
 void check_run_options(const JobConfig& c);
+
+// The watchdog when --timeout is not given: generous enough that a quiet machine never trips it.
+// 300 s, plus ten times the time the busiest rank's share of one iteration (and, with --check, the
+// dense reference on rank 0) would take at 1 GFLOP/s, a hundredth of one core of today's CPUs.
+double default_timeout(const JobConfig& c, const JobPlan& p);
+
+// What every rank must agree on before the ranks talk: the shape, dtype, options, strategy and the
+// input files' headers.
+std::vector<PlanField> plan_fields(const JobConfig& c, const JobPlan& p);
 
 }  // namespace ringattn::runtime

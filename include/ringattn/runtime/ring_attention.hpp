@@ -57,7 +57,8 @@ class RingAttention final : public Strategy<S> {
   core::Packing pq_;
   core::QueryShard<S> qshard_;
   core::AlignedVector<S> q_, kv_own_, dout_;
-  core::AlignedVector<A> m_, l_, acc_;  // online state; after finalize: lse in m_, O in acc_
+  core::AlignedVector<A> m_, l_, acc_;  // online state; after finalize: O in acc_ (m, l kept for the backward)
+  core::AlignedVector<A> lse_;          // row stats: m + log l, natural log
   core::AlignedVector<A> delta_, dq_, dkv_own_;
   core::AlignedVector<S> kv_buf_[2];    // the two remote K/V buffers
   core::AlignedVector<A> grad_send_[2], grad_recv_[2];

@@ -18,7 +18,7 @@ struct JobFacts {
   core::DType dtype = core::DType::f32;
   std::string mask, layout, strategy;
   int ranks = 1, iters = 1;
-  bool backward = true, layer = false;
+  bool backward = true, layer = false, causal = false;
   Index model_dim = 0;
   std::optional<double> rope;
 };
@@ -38,9 +38,10 @@ struct RunResult {
   int exit_code = 0;                    // 0 ok, 1 check failed
 };
 
-// Collective. Bad input throws InputError on every rank (the ranks agree first); a failure after
-// validation throws AgreedFailure (every rank knows) or RuntimeFailure.
-RunResult run_job(const comm::Comm& comm, const JobConfig& cfg);
+// Collective. Bad input throws InputError on every rank (the ranks agree first, on errors and then
+// on the whole plan); a failure after validation throws AgreedFailure (every rank knows) or
+// RuntimeFailure. Sets the communicator's watchdog to the plan's.
+RunResult run_job(comm::Comm& comm, const JobConfig& cfg);
 
 // High-water mark of this process's resident memory in bytes.
 Index peak_rss_bytes();

@@ -1,0 +1,40 @@
+#pragma once
+// Option values parsed strictly: an integer beyond its type's range is an error naming the option,
+// never a silently saturated value.
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+
+#include <charconv>
+#include <limits>
+#include <string>
+#include <type_traits>
+
+namespace ringattn::app {
+
+template <class T>
+CLI::Validator integer() {
+  static_assert(std::is_integral_v<T>);
+  return CLI::Validator(
+      [](std::string& text) -> std::string {
+        T v{};
+        const char* end = text.data() + text.size();
+        const char* begin = text.data() + (!text.empty() && text[0] == '+' ? 1 : 0);
+        const auto [ptr, ec] = std::from_chars(begin, end, v);
+        if (ec == std::errc() && ptr == end && begin != end) return {};
+        return fmt::format("'{}' is not an integer in {}..{}", text, std::numeric_limits<T>::min(),
+                           std::numeric_limits<T>::max());
+      },
+      "INTEGER");
+}
+
+// add_option with the strict integer check for integral targets (and their vectors and optionals).
+template <class T>
+CLI::Option* add_integer(CLI::App* app, const std::string& name, T& target, const std::string& help) {
+  using V = typename std::decay_t<T>;
+  CLI::Option* o = app->add_option(name, target, help);
+  if constexpr (std::is_integral_v<V>) o->check(integer<V>());
+  else o->check(integer<typename V::value_type>());
+  return o;
+}
+
+}  // namespace ringattn::app
