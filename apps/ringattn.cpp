@@ -10,6 +10,7 @@
 
 #include "commands.hpp"
 #include "ringattn/core/errors.hpp"
+#include "ringattn/core/simd.hpp"
 #include "ringattn/runtime/staged_outputs.hpp"
 
 using namespace ringattn;
@@ -85,6 +86,18 @@ int main(int argc, char** argv) {
   spdlog::set_pattern(fmt::format("[%H:%M:%S.%e] [r{}] [%l] %v", rank));
   spdlog::set_level(rank == 0 ? spdlog::level::info : spdlog::level::warn);
   try {
+    // RINGATTN_SIMD restricts the kernels to one SIMD target; a name this build or CPU lacks is
+    // bad input, agreed so that no rank starts work its peers refuse.
+    std::string simd_error;
+    try {
+      core::simd::select_from_environment();
+    } catch (const InputError& e) {
+      simd_error = e.what();
+    }
+    if (world && world->size() > 1) {
+      if (auto agreed = world->agree(simd_error)) simd_error = *agreed;
+    }
+    if (!simd_error.empty()) throw InputError(simd_error);
     return cmd->run(world ? &*world : nullptr);
   } catch (const InputError& e) {
     if (rank == 0) fmt::print(stderr, "ringattn: error: {}\n", e.what());

@@ -1,51 +1,77 @@
 #!/usr/bin/env bash
-# Block kernel rate against the Eigen GEMM rate measured in the same run on the same shapes
-# (a benchmark, not a test; one core, f32, L=4096 queries x 4096 keys, D=64 by default).
-# Medians of --reps repetitions, interleaved at random across the benchmarks so that a slow
-# minute on the VM hits the GEMMs and the kernels alike; rates use CPU time.
-# Two yardsticks: the best Eigen GEMM of the run (the issue's "GEMM rate"), and the same GEMMs
-# the kernel does on the same tiles without the softmax ("own GEMMs"). Then the paired runs: the
-# kernel and the best GEMM alternate every ~50 ms, and each repetition gives their ratio.
-#   scripts/bench_kernel.sh [--reps 9] [--min-time 0.5]
+# The block kernels against the FMA peak of the core they run on (a benchmark, not a test).
+#
+# Part 1, kernel_bench on one core: before every repetition the FMA peak is measured (12
+# independent chains of fused multiply-adds), then the kernel runs; each row shows the kernel's
+# GFLOP/s, that peak and the percentage, medians over --reps. It runs twice: with the target the
+# kernels use by default (the best this CPU runs) and with RINGATTN_SIMD=AVX2 forced, so one x86
+# machine with AVX-512 shows both x86 paths (on a CPU without AVX-512 the two runs coincide).
+# Shapes: S = 4096 and 8192 queries x as many keys, H = 8, D = 64 and 128, f32; f64 at D = 64 and
+# 128 for S = 4096. Flops as FlashAttention counts them (forward 4 S^2 H D, backward 2.5x).
+#
+# Part 2, the causal mask at N=2: `ringattn run` forward + backward with --causal --layout zigzag
+# against the same run unmasked, alternating in --rounds rounds; the ratio of the two times per
+# round, and its median. The causal run has 0.50x the flops (plus the diagonal).
+#
+#   scripts/bench_kernel.sh [--reps 5] [--rounds 3] [--targets default,AVX2] [--no-causal]
 set -euo pipefail
 source "$(dirname "$0")/common.sh"
-REPS=9 MIN_TIME=0.5
+REPS=5 ROUNDS=3 TARGETS="default,AVX2" CAUSAL=1
 while [ $# -gt 0 ]; do
   case "$1" in
     --reps) REPS=$2; shift 2 ;;
-    --min-time) MIN_TIME=$2; shift 2 ;;
+    --rounds) ROUNDS=$2; shift 2 ;;
+    --targets) TARGETS=$2; shift 2 ;;
+    --no-causal) CAUSAL=0; shift ;;
     *) echo "bench_kernel.sh: unknown option $1" >&2; exit 2 ;;
   esac
 done
-[ -x "$BUILD/tests/bench/kernel_bench" ] || build >/dev/null
-tmp=$(mktemp)
-trap 'rm -f "$tmp"' EXIT
-"$BUILD/tests/bench/kernel_bench" --benchmark_min_time="$MIN_TIME" --benchmark_repetitions="$REPS" \
-  --benchmark_enable_random_interleaving=true --benchmark_format=json >"$tmp" 2>/dev/null
-/usr/bin/python3 - "$tmp" <<'PY'
+[[ "$REPS" =~ ^[1-9][0-9]*$ ]] || { echo "bench_kernel.sh: --reps: expected a positive integer, got '$REPS'" >&2; exit 2; }
+[[ "$ROUNDS" =~ ^[1-9][0-9]*$ ]] || { echo "bench_kernel.sh: --rounds: expected a positive integer, got '$ROUNDS'" >&2; exit 2; }
+[ -x "$BUILD/tests/bench/kernel_bench" ] && [ -x "$BIN" ] || build >/dev/null
+BENCH="$BUILD/tests/bench/kernel_bench"
+
+echo "# $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//'); SIMD targets this CPU runs:" \
+     "$("$BENCH" --targets all --seqs 64 --heads 1 --head-dims 8 --dtypes f32 --reps 1 --forward-only |
+        awk 'NR > 2 {print $1}' | paste -sd' ')"
+IFS=',' read -ra targets <<<"$TARGETS"
+for t in "${targets[@]}"; do
+  if [ "$t" = default ]; then
+    echo "## default target"
+    env -u RINGATTN_SIMD "$BENCH" --seqs 4096,8192 --heads 8 --head-dims 64,128 --dtypes f32 --reps "$REPS"
+    env -u RINGATTN_SIMD "$BENCH" --seqs 4096 --heads 8 --head-dims 64,128 --dtypes f64 --reps "$REPS" | tail -n +3
+  else
+    echo "## RINGATTN_SIMD=$t"
+    if ! RINGATTN_SIMD="$t" "$BENCH" --seqs 64 --heads 1 --head-dims 8 --dtypes f32 --reps 1 --forward-only \
+         >/dev/null 2>&1; then
+      echo "(this CPU cannot run $t)"
+      continue
+    fi
+    RINGATTN_SIMD="$t" "$BENCH" --seqs 4096,8192 --heads 8 --head-dims 64,128 --dtypes f32 --reps "$REPS"
+    RINGATTN_SIMD="$t" "$BENCH" --seqs 4096 --heads 8 --head-dims 64,128 --dtypes f64 --reps "$REPS" | tail -n +3
+  fi
+done
+
+[ "$CAUSAL" = 1 ] || exit 0
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+RUN=(run --seq 8192 --heads 8 --head-dim 64 --iters 3 --warmup 1)
+echo "## causal zigzag against non-causal, N=2, S=8192 H=8 D=64 f32, forward + backward"
+for r in $(seq 1 "$ROUNDS"); do
+  mpirun -np 2 --bind-to core "$BIN" "${RUN[@]}" --report "$tmp/full_$r.json" >/dev/null
+  mpirun -np 2 --bind-to core "$BIN" "${RUN[@]}" --causal --layout zigzag --report "$tmp/causal_$r.json" >/dev/null
+done
+/usr/bin/python3 - "$tmp" "$ROUNDS" <<'PY'
 import json, statistics, sys
-runs = {}
-for b in json.load(open(sys.argv[1]))["benchmarks"]:
-    if b.get("run_type") == "iteration":
-        runs.setdefault(b["run_name"], []).append(b)
-med = lambda name, key: statistics.median(x[key] for x in runs[name])
-rows = {k: med(k, "GFLOP/s") / 1e9 for k in runs if "GFLOP/s" in runs[k][0]}
-gemm = max(v for k, v in rows.items() if k.startswith("BM_Gemm"))
-own = {"BM_BlockForward": rows.get("BM_GemmForwardTiles<float>/4096/64/128/256"),
-       "BM_BlockBackward": rows.get("BM_GemmBackwardTiles<float>/4096/64/128/256")}
-print(f"{'benchmark (L/D/tile_q/tile_k)':46} {'GFLOP/s':>8} {'of GEMM':>8} {'of own GEMMs':>13}")
-order = ["BM_GemmQK", "BM_GemmTiles", "BM_GemmForwardTiles", "BM_GemmBackwardTiles", "BM_BlockForward",
-         "BM_BlockBackward"]
-for k, v in sorted(rows.items(), key=lambda kv: (order.index(kv[0].split("<")[0].split("/")[0]), kv[0])):
-    mine = own.get(k.split("/")[0])
-    mine = f"{100 * v / mine:12.1f}%" if mine and k.endswith("/128/256") else ""
-    print(f"{k:46} {v:8.1f} {100 * v / gemm:7.1f}% {mine}")
-print(f"GEMM rate = the best Eigen GEMM above ({gemm:.1f} GFLOP/s, one core, f32); own GEMMs: the kernel's")
-print("GEMMs on its default tiles (128 x 256) without the softmax")
-print()
-print("Paired (each iteration: the kernel, then the Q K^T GEMM tiles, back to back; per repetition):")
-for key in sorted((k for k in runs if k.startswith("BM_Paired")), key=lambda k: ("Backward" in k, len(k), k)):
-    r = sorted(x["of_gemm"] for x in runs[key])
-    print(f"  {key:40} kernel {med(key, 'kernel_GFLOPs'):6.1f} GFLOP/s, GEMM {med(key, 'gemm_GFLOPs'):6.1f}; "
-          f"kernel/GEMM min {100 * r[0]:.0f}%, median {100 * statistics.median(r):.0f}%, max {100 * r[-1]:.0f}%")
+d, rounds = sys.argv[1], int(sys.argv[2])
+def load(name):
+    r = json.load(open(f"{d}/{name}.json"))
+    return r["time"]["forward_s"] + r["time"]["backward_s"], r["imbalance"]["total_flops"], r["config"]["simd"]
+full = [load(f"full_{i}") for i in range(1, rounds + 1)]
+causal = [load(f"causal_{i}") for i in range(1, rounds + 1)]
+ratio = [c[0] / f[0] for f, c in zip(full, causal)]
+print(f"kernels {full[0][2]}; non-causal {' '.join(f'{x[0]:.3f}' for x in full)} s; "
+      f"causal zigzag {' '.join(f'{x[0]:.3f}' for x in causal)} s")
+print(f"causal / non-causal time per round: {' '.join(f'{x:.3f}' for x in ratio)}; median {statistics.median(ratio):.3f} "
+      f"(flops {causal[0][1] / full[0][1]:.3f})")
 PY

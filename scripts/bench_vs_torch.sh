@@ -16,11 +16,13 @@
 # table shows medians over rounds. Interference on a VM only ever adds time (here up to 30% to
 # one vCPU for seconds at a time, invisible in /proc/stat's steal), so the ratio of the best
 # rounds is printed too: it estimates what the code does on an undisturbed machine.
+# --targets runs the ringattn jobs once per SIMD target: "default" (the best this CPU runs) and
+# any Highway target name, forced with RINGATTN_SIMD; each gets its own rows and PyTorch ratio.
 #   scripts/bench_vs_torch.sh [--seq 8192] [--heads 8] [--head-dim 64] [--iters 3] [--rounds 5]
-#                             [--causal] [--no-torch]
+#                             [--causal] [--no-torch] [--targets default,AVX2]
 set -euo pipefail
 source "$(dirname "$0")/common.sh"
-SEQ=8192 HEADS=8 HEAD_DIM=64 ITERS=3 ROUNDS=5 CAUSAL="" TORCH=1
+SEQ=8192 HEADS=8 HEAD_DIM=64 ITERS=3 ROUNDS=5 CAUSAL="" TORCH=1 TARGETS=default
 while [ $# -gt 0 ]; do
   case "$1" in
     --seq) SEQ=$2; shift 2 ;;
@@ -30,6 +32,7 @@ while [ $# -gt 0 ]; do
     --rounds) ROUNDS=$2; shift 2 ;;
     --causal) CAUSAL="--causal"; shift ;;
     --no-torch) TORCH=0; shift ;;
+    --targets) TARGETS=$2; shift 2 ;;
     *) echo "bench_vs_torch.sh: unknown option $1" >&2; exit 2 ;;
   esac
 done
@@ -45,17 +48,24 @@ if [ "$TORCH" = 1 ]; then
   /usr/bin/python3 "$ROOT/tests/bench/torch_attention.py" --seq "$SEQ" --heads "$HEADS" --head-dim "$HEAD_DIM" \
     --threads "$CORES" --iters "$ITERS" $CAUSAL >"$tmp/torch.json"
 fi
-for r in $(seq 1 "$ROUNDS"); do
-  mpirun -np 1 --bind-to core "$BIN" "${RUN[@]}" --report "$tmp/n1_$r.json" >/dev/null 2>&1
-  mpirun -np 2 --bind-to core "$BIN" "${RUN[@]}" --report "$tmp/n2_$r.json" >/dev/null 2>&1
-  if [ "$CORES" -ge 2 ]; then
-    taskset -c 0 mpirun -np 1 --bind-to none "$BIN" "${RUN[@]}" --report "$tmp/c0_$r.json" >/dev/null 2>&1 &
-    taskset -c 1 mpirun -np 1 --bind-to none "$BIN" "${RUN[@]}" --report "$tmp/c1_$r.json" >/dev/null 2>&1
-    wait
+IFS=',' read -ra targets <<<"$TARGETS"
+for target in "${targets[@]}"; do
+  if [ "$target" = default ]; then simd=(env -u RINGATTN_SIMD); else simd=(env RINGATTN_SIMD="$target"); fi
+  if ! "${simd[@]}" mpirun -np 1 "$BIN" run --seq 8 --iters 1 >/dev/null 2>&1; then
+    echo "(kernels $target: this build or CPU cannot run them)"
+    continue
   fi
-  echo "  round $r/$ROUNDS done" >&2
-done
-/usr/bin/python3 - "$tmp" "$ROUNDS" "$TORCH" <<'PY'
+  for r in $(seq 1 "$ROUNDS"); do
+    "${simd[@]}" mpirun -np 1 --bind-to core "$BIN" "${RUN[@]}" --report "$tmp/n1_$r.json" >/dev/null 2>&1
+    "${simd[@]}" mpirun -np 2 --bind-to core "$BIN" "${RUN[@]}" --report "$tmp/n2_$r.json" >/dev/null 2>&1
+    if [ "$CORES" -ge 2 ]; then
+      taskset -c 0 "${simd[@]}" mpirun -np 1 --bind-to none "$BIN" "${RUN[@]}" --report "$tmp/c0_$r.json" >/dev/null 2>&1 &
+      taskset -c 1 "${simd[@]}" mpirun -np 1 --bind-to none "$BIN" "${RUN[@]}" --report "$tmp/c1_$r.json" >/dev/null 2>&1
+      wait
+    fi
+    echo "  kernels $target: round $r/$ROUNDS done" >&2
+  done
+  /usr/bin/python3 - "$tmp" "$ROUNDS" "$TORCH" <<'PY'
 import json, os, statistics, sys
 d, rounds, torch = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "1"
 med = statistics.median
@@ -80,13 +90,14 @@ rows = []
 if torch:
     t = json.load(open(f"{d}/torch.json"))
     rows.append((f"PyTorch {t['torch']} eager, {t['threads']} threads", t["forward_s"], t["backward_s"], None))
-rows.append(("ringattn N=1", med(x["f"] for x in n1), med(x["b"] for x in n1), med(x["wait"] for x in n1)))
-rows.append(("ringattn N=2", med(x["f"] for x in n2), med(x["b"] for x in n2), med(x["wait"] for x in n2)))
+simd = json.load(open(f"{d}/n1_1.json"))["config"]["simd"]
+rows.append((f"ringattn N=1, kernels {simd}", med(x["f"] for x in n1), med(x["b"] for x in n1), med(x["wait"] for x in n1)))
+rows.append((f"ringattn N=2, kernels {simd}", med(x["f"] for x in n2), med(x["b"] for x in n2), med(x["wait"] for x in n2)))
 base = rows[0][1] + rows[0][2]
-print(f"{'':34} {'forward s':>10} {'backward s':>11} {'total s':>8} {'GFLOP/s':>8} {'vs first':>9} {'wait':>7}")
+print(f"{'':40} {'forward s':>10} {'backward s':>11} {'total s':>8} {'GFLOP/s':>8} {'vs first':>9} {'wait':>7}")
 for name, f, b, w in rows:
     tot = f + b
-    print(f"{name:34} {f:10.3f} {b:11.3f} {tot:8.3f} {flops / tot * 1e-9:8.1f} {base / tot:8.2f}x "
+    print(f"{name:40} {f:10.3f} {b:11.3f} {tot:8.3f} {flops / tot * 1e-9:8.1f} {base / tot:8.2f}x "
           f"{'' if w is None else f'{100 * w:6.2f}%'}")
 pct = lambda key: " ".join(f"{100 * x[key]:.2f}%" for x in n2)
 print(f"N=2 exposed wait of the slowest rank, per round: {pct('wait')}; largest wait of any rank: {pct('most')}")
@@ -102,3 +113,4 @@ if pair:
     print(f"ceiling for N=2 over N=1 on this hardware, 2 T(N=1) / T(2 x N=1): median {med(ceiling):.2f}x; "
           f"the ring reaches {100 * med(eff):.1f}% of it")
 PY
+done

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Install what is missing, build, and run every test (unit, MPI at N=1..5, CLI, PyTorch).
-# Extra arguments go to ctest (e.g. -L torch).
+# Install what is missing, build, and run every test (unit, MPI at N=1..5, CLI, PyTorch), then
+# the core's unit tests cross-compiled for aarch64 under qemu (scripts/test_aarch64.sh; skipped
+# with RINGATTN_AARCH64=0). Extra arguments go to ctest (e.g. -L torch).
 #   scripts/test.sh --sanitize [ctest args]: AddressSanitizer + UndefinedBehaviorSanitizer build
 #   in build-sanitize/ (RINGATTN_SANITIZE=ON), running the unit and MPI tests there.
 set -euo pipefail
@@ -24,3 +25,6 @@ fi
 build
 cd "$BUILD"
 ctest --output-on-failure --timeout 900 "$@"
+if [ "${RINGATTN_AARCH64:-1}" != 0 ] && [ $# -eq 0 ]; then
+  bash "$ROOT/scripts/test_aarch64.sh"
+fi

@@ -37,10 +37,11 @@ def env():
     return dict(os.environ, **MPI_ENV)
 
 
-def run(cmd, timeout=120):
-    """Runs cmd (items converted with str) with MPI_ENV, no stdin, output captured as text."""
-    return subprocess.run([str(c) for c in cmd], env=env(), stdin=subprocess.DEVNULL, capture_output=True,
-                          text=True, timeout=timeout)
+def run(cmd, timeout=120, extra_env=None):
+    """Runs cmd (items converted with str) with MPI_ENV (and extra_env), no stdin, output captured as
+    text."""
+    return subprocess.run([str(c) for c in cmd], env=dict(env(), **(extra_env or {})), stdin=subprocess.DEVNULL,
+                          capture_output=True, text=True, timeout=timeout)
 
 
 def check(cond, what):

@@ -9,6 +9,7 @@
 
 #include "ringattn/core/errors.hpp"
 #include "ringattn/core/rope.hpp"
+#include "ringattn/core/simd.hpp"
 #include "ringattn/io/json.hpp"
 #include "ringattn/runtime/paths.hpp"
 #include "ringattn/runtime/ring_attention.hpp"
@@ -61,8 +62,9 @@ void check_run_options(const JobConfig& c) {
     throw InputError(fmt::format("--timeout: {} is not a time (expected SEC >= 0; 0 disables the watchdog)", *c.timeout));
   for (const auto& [option, value] : {std::pair{"--tile-q", c.tiling.q_rows}, std::pair{"--tile-k", c.tiling.k_cols},
                                       std::pair{"--tile-strip", c.tiling.strip_rows}})
-    if (value < 1 || value > 65536)
-      throw InputError(fmt::format("{}: {} is outside 1..65536 (a tile size)", option, value));
+    if (value < 0 || value > 65536)
+      throw InputError(fmt::format("{}: {} is outside 0..65536 (a tile size; 0: the SIMD target's default)", option,
+                                   value));
 }
 
 namespace {
@@ -190,8 +192,9 @@ MemoryPlan memory_plan(const JobConfig& c, const JobPlan& p, int N, Index Lmax) 
   const double block = 2 * B * HKV * D * L, q = B * H * D * L, rows = B * H * L;
   double ring = es * (q + block) + ea * (3 * rows + q) + (N > 1 ? es * 2 * block : 0.0);
   if (c.backward) ring += es * q + ea * (rows + q + block) + (N > 1 ? ea * 4 * block : 0.0);
-  const core::Tiling t = effective_tiling(c.tiling, Lmax, s.G());
-  ring += ea * (2.0 * double(t.q_rows) * double(t.k_cols) + 2.0 * double(t.q_rows) + 2.0 * double(t.k_cols) * D);
+  const core::Tiling t = core::resolve_tiling(c.tiling, s.D, std::min<Index>(Lmax, Index(1) << 40), s.G());
+  ring += double(p.dtype == DType::f64 ? core::Workspace<double>::bytes(t, s.D)
+                                       : core::Workspace<float>::bytes(t, s.D));
   m.add("ring buffers and tile scratch", ring);
   m.add("outputs", ea * B * L * (2 * H * D + H + 2 * HKV * D));
   if (c.rope) m.add("rotated q and k", es * B * L * (H + HKV) * D);
@@ -292,20 +295,13 @@ JobPlan make_plan(const JobConfig& c, int N) {
   return p;
 }
 
-core::Tiling effective_tiling(const core::Tiling& t, Index Lmax, Index G) {
-  core::Tiling e = t;
-  e.q_rows = std::max<Index>(1, std::min(t.q_rows, Lmax * G));
-  e.k_cols = std::max<Index>(1, std::min(t.k_cols, Lmax));
-  return e;
-}
-
 StrategySetup strategy_setup(const JobConfig& c, const JobPlan& p) {
   StrategySetup s;
   s.shape = p.shape;
   s.layout = &p.layout;
   s.mask = &p.mask;
   s.scale = p.scale;
-  s.tiling = effective_tiling(c.tiling, p.layout.max_size(), p.shape.G());
+  s.tiling = core::resolve_tiling(c.tiling, p.shape.D, p.layout.max_size(), p.shape.G());
   s.traffic = p.traffic;
   s.kind = p.strategy;
   s.hooks = c.hooks;
@@ -396,9 +392,11 @@ io::Json config_json(const JobConfig& c, const JobPlan& p, int N) {
   j["warmup"] = c.warmup;
   j["iters"] = c.iters;
   j["timeout"] = p.timeout_s;
-  j["tile_q"] = c.tiling.q_rows;
-  j["tile_k"] = c.tiling.k_cols;
-  j["tile_strip"] = c.tiling.strip_rows;
+  const core::Tiling t = core::resolve_tiling(c.tiling, shape.D, p.layout.max_size(), shape.G());
+  j["tile_q"] = t.q_rows;
+  j["tile_k"] = t.k_cols;
+  j["tile_strip"] = t.strip_rows;
+  j["simd"] = core::simd::current();
   j["mask"] = p.mask.describe();
   j["traffic"] = c.traffic;
   j["rope"] = c.rope ? io::Json(*c.rope) : io::Json();

@@ -9,6 +9,7 @@
 #include "ringattn/core/errors.hpp"
 #include "ringattn/core/inputs.hpp"
 #include "ringattn/core/median.hpp"
+#include "ringattn/core/simd.hpp"
 #include "ringattn/runtime/agreement.hpp"
 #include "ringattn/runtime/job_config.hpp"
 #include "ringattn/runtime/ring_attention.hpp"
@@ -46,7 +47,7 @@ void measure_kernel(const comm::Comm& comm, const ProbeConfig& c, Probe& p) {
   core::generate_positions<T>(1, core::InputTensor::v, s.B, L, s.HKV * s.D, {&all, 1}, L, file.data());
   core::pack_heads(pk, file.data(), kv.data() + pk.kv_elems());
   std::vector<T> m(pq.row_elems()), l(pq.row_elems()), acc(pq.q_elems());
-  core::Workspace<T> ws({}, s.D);  // the run's tiling and kernels
+  core::Workspace<T> ws(core::resolve_tiling({}, s.D, L, s.G()), s.D);  // the run's tiling and kernels
   const core::Mask none = core::Mask::none();
   const core::QueryShard<T> qs{pq, pos, q.data()};
   const core::KVBlock<T> blk{pk, pos, kv.data(), kv.data() + pk.kv_elems()};
@@ -86,7 +87,7 @@ void measure_ring(const comm::Comm& comm, const ProbeConfig& c, const core::Layo
   setup.layout = &layout;
   setup.mask = &mask;
   setup.scale = 1.0 / std::sqrt(double(s.D));
-  setup.tiling = effective_tiling(setup.tiling, layout.max_size(), s.G());
+  setup.tiling = core::resolve_tiling(setup.tiling, s.D, layout.max_size(), s.G());
   RingAttention<T> ring(comm, setup);
   ring.load(q.data(), k.data(), v.data());
   struct Sample {

@@ -8,6 +8,7 @@
 #include <chrono>
 #include <limits>
 #include <thread>
+#include <type_traits>
 
 namespace ringattn::runtime {
 
@@ -24,7 +25,7 @@ RingAttention<T>::RingAttention(const comm::Comm& comm, const StrategySetup& set
       plan_(*setup.layout, *setup.mask, setup.traffic),
       r_(comm.rank()),
       N_(comm.size()),
-      ws_(setup.tiling, setup.shape.D) {
+      ws_(core::resolve_tiling(setup.tiling, setup.shape.D, setup.layout->max_size(), setup.shape.G()), setup.shape.D) {
   const core::Shape& sh = s_.shape;
   L_ = s_.layout->size(r_);
   pq_ = core::Packing{sh.B, sh.HKV, sh.G(), L_, sh.D};
@@ -60,7 +61,7 @@ Index RingAttention<T>::resident_bytes() const {
   auto bytes = [](const auto&... v) { return ((Index(v.size()) * Index(sizeof(v[0]))) + ...); };
   return bytes(q_, kv_own_, dout_, kv_buf_[0], kv_buf_[1]) +
          bytes(m_, l_, lse_, acc_, delta_, dq_, dkv_own_, grad_send_[0], grad_send_[1], grad_recv_[0], grad_recv_[1]) +
-         bytes(ws_.s, ws_.p, ws_.rowbuf, ws_.rowmax, ws_.kt);
+         core::Workspace<A>::bytes(ws_.tiling, ws_.D);
 }
 
 template <class T>
@@ -77,7 +78,8 @@ Index RingAttention<T>::planned_bytes(const StrategySetup& setup, int r, bool ba
     bytes += es * q * L + ea * (rows * L + q * L + own);  // dout; delta, dq, own dK/dV
     if (N > 1) bytes += ea * (2 * block + 2 * own);       // gradient send and receive buffers
   }
-  return bytes + core::Workspace<A>::bytes(setup.tiling, sh.D);
+  const core::Tiling t = core::resolve_tiling(setup.tiling, sh.D, l.max_size(), sh.G());
+  return bytes + core::Workspace<A>::bytes(t, sh.D);
 }
 
 template <class T>

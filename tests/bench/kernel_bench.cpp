@@ -1,26 +1,49 @@
-// Block kernel throughput against the Eigen GEMM rate measured on the same shapes in the same
-// run. One core (Eigen is built single-threaded). Flops as FlashAttention counts them:
-// forward 4*L*L*D, backward 2.5x that; GEMM 2*M*N*K. Each kernel's yardstick is the same GEMMs
-// it does, on the same tiles, without the softmax: BM_GemmForwardTiles and BM_GemmBackwardTiles.
-// BM_PairedForward/Backward alternate each kernel with the best GEMM every ~50 ms and report the
-// ratio per repetition, which a VM's slow spells hit alike (scripts/bench_kernel.sh prints both).
+// The block kernels against the FMA peak of this core, measured in the same run, on each SIMD target.
 //
-//   build/tests/bench/kernel_bench --benchmark_min_time=2 --benchmark_repetitions=3
-//       --benchmark_report_aggregates_only=true
-#include <benchmark/benchmark.h>
+//   kernel_bench [--targets default|all|NAME,...] [--seqs 4096,8192] [--heads 8] [--head-dims 64,128]
+//                [--dtypes f32,f64] [--reps 5] [--causal] [--tile-q N] [--tile-k N] [--chunk N]
+//                [--forward-only] [--best]
+//
+// One core. The targets: the one the kernels use by default (the best this CPU runs, or the one
+// RINGATTN_SIMD names), every one this CPU runs (all), or those named. For each target, each shape
+// and each pass, `reps` repetitions; each repetition measures the FMA peak (12 independent chains of
+// fused multiply-adds, 0.2 s, best rate) right before the kernel, so the two see the same machine
+// state, and the ratio is taken per repetition. The table shows medians (--best: the best
+// repetition, for tuning). The kernel computes one rank's queries against one block as
+// `ringattn run --seq S` does at N=1: S queries x S keys x H heads (HKV = H), unmasked unless
+// --causal. Flops as FlashAttention counts them: forward 4 S^2 H D, backward 2.5x that (halved work
+// under --causal).
+#include <fmt/format.h>
 
-#include <Eigen/Core>
+#include <algorithm>
 #include <chrono>
+#include <cstdlib>
+#include <cstring>
 #include <random>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <vector>
 
 #include "ringattn/core/block_attention.hpp"
+#include "ringattn/core/median.hpp"
+#include "ringattn/core/simd.hpp"
 
 using namespace ringattn::core;
 
 namespace {
 
-template <class T>
-using Mat = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+double now() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+std::vector<std::string> split(const std::string& s) {
+  std::vector<std::string> out;
+  std::stringstream in(s);
+  for (std::string x; std::getline(in, x, ',');)
+    if (!x.empty()) out.push_back(x);
+  return out;
+}
 
 template <class T>
 AlignedVector<T> randn(Index n, unsigned seed) {
@@ -31,222 +54,133 @@ AlignedVector<T> randn(Index n, unsigned seed) {
   return x;
 }
 
-// GFLOP/s as Google Benchmark reports it: `flops` per iteration over the measured time.
-void report_rate(benchmark::State& st, double flops) {
-  st.counters["GFLOP/s"] =
-      benchmark::Counter(flops, benchmark::Counter::kIsIterationInvariantRate, benchmark::Counter::kIs1000);
-}
+bool g_best = false;
 
-// S = Q K^T tile by tile (tq x D times D x tk into one cached tile): the best Eigen GEMM here.
-template <class T>
-void gemm_tiles(const T* q, const T* k, Index L, Index D, Index TQ, Index TK, T* s) {
-  for (Index r0 = 0; r0 < L; r0 += TQ)
-    for (Index c0 = 0; c0 < L; c0 += TK) {
-      Eigen::Map<const Mat<T>> Q(q + r0 * D, TQ, D), K(k + c0 * D, TK, D);
-      Eigen::Map<Mat<T>> S(s, TQ, TK);
-      S.noalias() = Q * K.transpose();
-      benchmark::DoNotOptimize(s);
-    }
-}
-
-// The ceiling: Q K^T of one head, L x D times D x L, as one Eigen GEMM.
-template <class T>
-void BM_GemmQK(benchmark::State& st) {
-  const Index L = st.range(0), D = st.range(1);
-  auto q = randn<T>(L * D, 1), k = randn<T>(L * D, 2);
-  Eigen::Map<const Mat<T>> Q(q.data(), L, D), K(k.data(), L, D);
-  Mat<T> S(L, L);
-  for (auto _ : st) {
-    S.noalias() = Q * K.transpose();
-    benchmark::DoNotOptimize(S.data());
-  }
-  report_rate(st, 2.0 * L * L * D);
-}
-
-// The same GEMM cut into the kernel's tiles (tq x D times D x tk into a cached tile).
-template <class T>
-void BM_GemmTiles(benchmark::State& st) {
-  const Index L = st.range(0), D = st.range(1), TQ = st.range(2), TK = st.range(3);
-  auto q = randn<T>(L * D, 1), k = randn<T>(L * D, 2);
-  AlignedVector<T> s(TQ * TK);
-  for (auto _ : st) gemm_tiles(q.data(), k.data(), L, D, TQ, TK, s.data());
-  report_rate(st, 2.0 * L * L * D);
-}
-
-// The GEMMs of the forward kernel alone, on its tiles: S = Q K^T (tq x D by D x tk) and
-// A += S V (tq x tk by tk x D), the softmax left out. 4*L*L*D flops, as the forward counts.
-template <class T>
-void BM_GemmForwardTiles(benchmark::State& st) {
-  const Index L = st.range(0), D = st.range(1), TQ = st.range(2), TK = st.range(3);
-  auto q = randn<T>(L * D, 1), k = randn<T>(L * D, 2), v = randn<T>(L * D, 3);
-  AlignedVector<T> s(TQ * TK), a(L * D);
-  for (auto _ : st) {
-    for (Index r0 = 0; r0 < L; r0 += TQ) {
-      Eigen::Map<Mat<T>> A(a.data() + r0 * D, TQ, D);
-      for (Index c0 = 0; c0 < L; c0 += TK) {
-        Eigen::Map<const Mat<T>> Q(q.data() + r0 * D, TQ, D), K(k.data() + c0 * D, TK, D), V(v.data() + c0 * D, TK, D);
-        Eigen::Map<Mat<T>> S(s.data(), TQ, TK);
-        S.noalias() = Q * K.transpose();
-        A.noalias() += S * V;
-      }
-    }
-    benchmark::DoNotOptimize(a.data());
-  }
-  report_rate(st, 4.0 * L * L * D);
-}
-
-// The five GEMMs of the backward kernel alone, in its loop order (K/V tile outer): P = Q K^T,
-// dV += P^T dO, dP = dO V^T, dQ += dS K, dK += dS^T Q. 10*L*L*D flops, as the backward counts.
-template <class T>
-void BM_GemmBackwardTiles(benchmark::State& st) {
-  const Index L = st.range(0), D = st.range(1), TQ = st.range(2), TK = st.range(3);
-  auto q = randn<T>(L * D, 1), k = randn<T>(L * D, 2), v = randn<T>(L * D, 3), o = randn<T>(L * D, 4);
-  AlignedVector<T> p(TQ * TK), ds(TQ * TK), dq(L * D), dk(L * D), dv(L * D);
-  for (auto _ : st) {
-    for (Index c0 = 0; c0 < L; c0 += TK) {
-      Eigen::Map<const Mat<T>> K(k.data() + c0 * D, TK, D), V(v.data() + c0 * D, TK, D);
-      Eigen::Map<Mat<T>> dK(dk.data() + c0 * D, TK, D), dV(dv.data() + c0 * D, TK, D);
-      for (Index r0 = 0; r0 < L; r0 += TQ) {
-        Eigen::Map<const Mat<T>> Q(q.data() + r0 * D, TQ, D), dO(o.data() + r0 * D, TQ, D);
-        Eigen::Map<Mat<T>> dQ(dq.data() + r0 * D, TQ, D), P(p.data(), TQ, TK), dS(ds.data(), TQ, TK);
-        P.noalias() = Q * K.transpose();
-        dV.noalias() += P.transpose() * dO;
-        dS.noalias() = dO * V.transpose();
-        dQ.noalias() += dS * K;
-        dK.noalias() += dS.transpose() * Q;
-      }
-    }
-    benchmark::DoNotOptimize(dk.data());
-  }
-  report_rate(st, 10.0 * L * L * D);
-}
-
-struct Problem {
-  Index L, D;
-  Packing pq, pk;
-  std::vector<Index> pos;
-  AlignedVector<float> q, k, v, dout, m, l, lse, acc, delta, dq, dk, dv;
+struct Rates {
+  double fwd = 0, bwd = 0, fwd_peak = 0, bwd_peak = 0, fwd_ratio = 0, bwd_ratio = 0;
 };
 
-Problem make_problem(Index L, Index D) {
-  Problem p{L, D, Packing{1, 1, 1, L, D}, Packing{1, 1, 1, L, D}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}};
-  p.pos.resize(L);
-  for (Index i = 0; i < L; ++i) p.pos[i] = i;
-  p.q = randn<float>(L * D, 1);
-  p.k = randn<float>(L * D, 2);
-  p.v = randn<float>(L * D, 3);
-  p.dout = randn<float>(L * D, 4);
-  p.m.resize(L);
-  p.l.resize(L);
-  p.lse.resize(L);
-  p.acc.resize(L * D);
-  p.delta.resize(L);
-  p.dq.resize(L * D);
-  p.dk.resize(L * D);
-  p.dv.resize(L * D);
-  return p;
-}
-
-// What the backward starts from: one forward over the problem, its LSE and delta.
-GradQueryShard<float> forward_for_backward(Problem& p, Workspace<float>& ws) {
-  const QueryShard<float> qs{p.pq, p.pos, p.q.data()};
-  OnlineState<float> s{p.m.data(), p.l.data(), p.acc.data()};
-  init_online_state(p.pq, s);
-  block_forward(qs, KVBlock<float>{p.pk, p.pos, p.k.data(), p.v.data()}, Mask{}, 0.125f, s, ws);
-  finalize_forward(p.pq, s, p.lse.data());
-  compute_delta(p.pq, p.dout.data(), p.acc.data(), p.delta.data());
-  return GradQueryShard<float>{qs, p.dout.data(), p.m.data(), p.l.data(), p.delta.data(), p.dq.data()};
-}
-
-void BM_BlockForward(benchmark::State& st) {
-  const Index L = st.range(0), D = st.range(1);
-  Problem p = make_problem(L, D);
-  Workspace<float> ws(Tiling{st.range(2), st.range(3)}, D);
-  const QueryShard<float> qs{p.pq, p.pos, p.q.data()};
-  const KVBlock<float> kv{p.pk, p.pos, p.k.data(), p.v.data()};
-  const Mask none;
-  double flops = 0;
-  for (auto _ : st) {
-    OnlineState<float> s{p.m.data(), p.l.data(), p.acc.data()};
-    init_online_state(p.pq, s);
-    flops = block_forward(qs, kv, none, 0.125f, s, ws).flops;
-    benchmark::DoNotOptimize(p.acc.data());
+template <class T>
+Rates measure(Index S, Index H, Index D, bool causal, int reps, const Tiling& tiling, bool forward_only) {
+  const Packing pq{1, H, 1, S, D}, pk{1, H, 1, S, D};
+  std::vector<Index> pos(S);
+  for (Index i = 0; i < S; ++i) pos[i] = i;
+  const auto q = randn<T>(pq.q_elems(), 1), k = randn<T>(pk.kv_elems(), 2), v = randn<T>(pk.kv_elems(), 3),
+             dout = randn<T>(pq.q_elems(), 4);
+  AlignedVector<T> m(pq.row_elems()), l(pq.row_elems()), lse(pq.row_elems()), acc(pq.q_elems()),
+      delta(pq.row_elems()), dq(pq.q_elems()), dk(pk.kv_elems()), dv(pk.kv_elems());
+  const Mask mask = causal ? Mask::make(S, true, 0, {}) : Mask::none();
+  Workspace<T> ws(resolve_tiling(tiling, D, S, 1), D);
+  const QueryShard<T> qs{pq, pos, q.data()};
+  const KVBlock<T> kv{pk, pos, k.data(), v.data()};
+  const T scale = T(1.0 / std::sqrt(double(D)));
+  const DType dt = sizeof(T) == 8 ? DType::f64 : DType::f32;
+  std::vector<double> fr, br, fp, bp, fq, bq;
+  for (int r = 0; r < reps; ++r) {
+    const double peak_f = simd::fma_peak(dt, 0.2);
+    OnlineState<T> st{m.data(), l.data(), acc.data()};
+    init_online_state(pq, st);
+    double t0 = now();
+    const Work wf = block_forward(qs, kv, mask, scale, st, ws);
+    const double tf = now() - t0;
+    finalize_forward(pq, st, lse.data());
+    compute_delta(pq, dout.data(), acc.data(), delta.data());
+    std::fill(dq.begin(), dq.end(), T(0));
+    std::fill(dk.begin(), dk.end(), T(0));
+    std::fill(dv.begin(), dv.end(), T(0));
+    fr.push_back(wf.flops / tf);
+    fp.push_back(peak_f);
+    fq.push_back(wf.flops / tf / peak_f);
+    if (forward_only) continue;
+    const double peak_b = simd::fma_peak(dt, 0.2);
+    t0 = now();
+    const Work wb = block_backward(GradQueryShard<T>{qs, dout.data(), m.data(), l.data(), delta.data(), dq.data()}, kv,
+                                   mask, scale, dk.data(), dv.data(), ws);
+    const double tb = now() - t0;
+    br.push_back(wb.flops / tb);
+    bp.push_back(peak_b);
+    bq.push_back(wb.flops / tb / peak_b);
   }
-  report_rate(st, flops);
-}
-
-void BM_BlockBackward(benchmark::State& st) {
-  const Index L = st.range(0), D = st.range(1);
-  Problem p = make_problem(L, D);
-  Workspace<float> ws(Tiling{st.range(2), st.range(3)}, D);
-  const KVBlock<float> kv{p.pk, p.pos, p.k.data(), p.v.data()};
-  const Mask none;
-  const GradQueryShard<float> gq = forward_for_backward(p, ws);
-  double flops = 0;
-  for (auto _ : st) {
-    flops = block_backward(gq, kv, none, 0.125f, p.dk.data(), p.dv.data(), ws).flops;
-    benchmark::DoNotOptimize(p.dk.data());
+  if (g_best) {  // the best repetition of each (tuning: noise from other tenants only slows a run)
+    auto best = [](const std::vector<double>& x) { return x.empty() ? 0.0 : *std::max_element(x.begin(), x.end()); };
+    return {best(fr), best(br), best(fp), best(bp), best(fq), best(bq)};
   }
-  report_rate(st, flops);
-}
-
-// Paired: each iteration runs the kernel and then the best Eigen GEMM of this file (the Q K^T
-// tiles, gemm_tiles), back to back on the same shapes, each timed on its own. A VM's slow
-// phases last seconds, these alternate every ~50 ms, so the ratio of the two rates within one
-// repetition is what the kernel makes of the GEMM rate at that moment; repetitions give its spread.
-template <bool kBackward>
-void BM_PairedWithGemm(benchmark::State& st) {
-  using clock = std::chrono::steady_clock;
-  const Index L = st.range(0), D = st.range(1), TQ = st.range(2), TK = st.range(3);
-  Problem p = make_problem(L, D);
-  Workspace<float> ws(Tiling{TQ, TK}, D);
-  const QueryShard<float> qs{p.pq, p.pos, p.q.data()};
-  const KVBlock<float> kv{p.pk, p.pos, p.k.data(), p.v.data()};
-  const Mask none;
-  const GradQueryShard<float> gq = forward_for_backward(p, ws);
-  OnlineState<float> s{p.m.data(), p.l.data(), p.acc.data()};
-  AlignedVector<float> tile(TQ * TK);
-  double kernel_s = 0, gemm_s = 0, flops = 0;
-  for (auto _ : st) {
-    const auto t0 = clock::now();
-    if constexpr (kBackward) {
-      flops = block_backward(gq, kv, none, 0.125f, p.dk.data(), p.dv.data(), ws).flops;
-    } else {
-      init_online_state(p.pq, s);
-      flops = block_forward(qs, kv, none, 0.125f, s, ws).flops;
-    }
-    const auto t1 = clock::now();
-    gemm_tiles(p.q.data(), p.k.data(), L, D, TQ, TK, tile.data());
-    const auto t2 = clock::now();
-    kernel_s += std::chrono::duration<double>(t1 - t0).count();
-    gemm_s += std::chrono::duration<double>(t2 - t1).count();
-  }
-  const double n = static_cast<double>(st.iterations()), kernel = n * flops / kernel_s,
-               gemm = n * 2.0 * L * L * D / gemm_s;
-  st.counters["kernel_GFLOPs"] = kernel * 1e-9;
-  st.counters["gemm_GFLOPs"] = gemm * 1e-9;
-  st.counters["of_gemm"] = kernel / gemm;
+  return {median(fr), median(br), median(fp), median(bp), median(fq), median(bq)};
 }
 
 }  // namespace
 
-BENCHMARK(BM_GemmQK<float>)->Args({4096, 64})->Unit(benchmark::kMillisecond);
-BENCHMARK(BM_GemmTiles<float>)->Args({4096, 64, 128, 256})->Unit(benchmark::kMillisecond);
-BENCHMARK(BM_GemmForwardTiles<float>)->Args({4096, 64, 128, 256})->Unit(benchmark::kMillisecond);
-BENCHMARK(BM_GemmBackwardTiles<float>)->Args({4096, 64, 128, 256})->Unit(benchmark::kMillisecond);
-BENCHMARK(BM_BlockForward)
-    ->Args({4096, 64, 128, 256})
-    ->Args({4096, 64, 64, 256})
-    ->Args({4096, 64, 128, 512})
-    ->Args({4096, 64, 256, 256})
-    ->Args({4096, 64, 64, 512})
-    ->Unit(benchmark::kMillisecond);
-BENCHMARK(BM_BlockBackward)
-    ->Args({4096, 64, 128, 256})
-    ->Args({4096, 64, 64, 256})
-    ->Args({4096, 64, 128, 512})
-    ->Args({4096, 64, 256, 128})
-    ->Unit(benchmark::kMillisecond);
-BENCHMARK(BM_PairedWithGemm<false>)->Name("BM_PairedForward")->Args({4096, 64, 128, 256})->Args({8192, 64, 128, 256})->Unit(benchmark::kMillisecond);
-BENCHMARK(BM_PairedWithGemm<true>)->Name("BM_PairedBackward")->Args({4096, 64, 128, 256})->Args({8192, 64, 128, 256})->Unit(benchmark::kMillisecond);
-BENCHMARK_MAIN();
+int main(int argc, char** argv) try {
+  std::string targets = "default", seqs = "4096,8192", dims = "64,128", dtypes = "f32,f64";
+  Index H = 8;
+  int reps = 5;
+  bool causal = false, forward_only = false;
+  Tiling tiling;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto value = [&]() -> std::string {
+      if (i + 1 >= argc) {
+        fmt::print(stderr, "kernel_bench: error: {} needs a value\n", a);
+        std::exit(2);
+      }
+      return argv[++i];
+    };
+    if (a == "--targets") targets = value();
+    else if (a == "--seqs") seqs = value();
+    else if (a == "--heads") H = std::stoll(value());
+    else if (a == "--head-dims") dims = value();
+    else if (a == "--dtypes") dtypes = value();
+    else if (a == "--reps") reps = std::stoi(value());
+    else if (a == "--causal") causal = true;
+    else if (a == "--forward-only") forward_only = true;
+    else if (a == "--best") g_best = true;
+    else if (a == "--tile-q") tiling.q_rows = std::stoll(value());
+    else if (a == "--tile-k") tiling.k_cols = std::stoll(value());
+    else if (a == "--chunk") tiling.chunk_rows = std::stoll(value());
+    else {
+      fmt::print(stderr, "kernel_bench: error: unknown option {}\n", a);
+      return 2;
+    }
+  }
+  std::vector<std::string> run;
+  const std::vector<std::string> available = simd::available();
+  try {
+    simd::select_from_environment();  // RINGATTN_SIMD: the default target is the one it names
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "kernel_bench: error: {}\n", e.what());
+    return 2;
+  }
+  if (targets == "all") run = available;
+  else if (targets == "default") run = {simd::current()};
+  else run = split(targets);
+  fmt::print("# one core; FMA peak measured before every repetition; medians of {} repetitions{}\n", reps,
+             causal ? "; causal" : "");
+  fmt::print("{:<8} {:>5} {:>6} {:>4} {:>4}  {:>9} {:>8} {:>7}  {:>9} {:>8} {:>7}\n", "target", "dtype", "S", "H", "D",
+             "fwd GF/s", "peak", "% peak", "bwd GF/s", "peak", "% peak");
+  for (const std::string& t : run) {
+    try {
+      simd::select(t);
+    } catch (const std::exception& e) {
+      fmt::print(stderr, "kernel_bench: error: {}\n", e.what());
+      return 2;
+    }
+    for (const std::string& dt : split(dtypes))
+      for (const std::string& s : split(seqs))
+        for (const std::string& d : split(dims)) {
+          const Index S = std::stoll(s), D = std::stoll(d);
+          const Rates r = dt == "f64" ? measure<double>(S, H, D, causal, reps, tiling, forward_only)
+                                       : measure<float>(S, H, D, causal, reps, tiling, forward_only);
+          fmt::print("{:<8} {:>5} {:>6} {:>4} {:>4}  {:>9.1f} {:>8.1f} {:>6.1f}%  {:>9.1f} {:>8.1f} {:>6.1f}%\n",
+                     simd::current(), dt, S, H, D, r.fwd * 1e-9, r.fwd_peak * 1e-9, 100 * r.fwd_ratio, r.bwd * 1e-9,
+                     r.bwd_peak * 1e-9, 100 * r.bwd_ratio);
+          std::fflush(stdout);
+        }
+  }
+  return 0;
+} catch (const std::invalid_argument&) {
+  fmt::print(stderr, "kernel_bench: error: an option's value is not a number\n");
+  return 2;
+} catch (const std::out_of_range&) {
+  fmt::print(stderr, "kernel_bench: error: an option's value is out of range\n");
+  return 2;
+}

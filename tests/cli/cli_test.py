@@ -19,8 +19,8 @@ from harness import check, main, run  # noqa: E402
 ARGS = None  # set by harness.main
 
 
-def ringattn(n, *args, timeout=300):
-    return run([ARGS.mpirun, "-np", n, ARGS.binary, *args], timeout=timeout)
+def ringattn(n, *args, timeout=300, extra_env=None):
+    return run([ARGS.mpirun, "-np", n, ARGS.binary, *args], timeout=timeout, extra_env=extra_env)
 
 
 def expected_ledger(sizes, B, HKV, D, H, r, traffic="full", causal=True):
@@ -248,6 +248,40 @@ def test_defaults_and_summary():
     # a reference that vanishes (one key per row: dQ = 0) is judged against the output's magnitude
     p = ringattn(2, "run", "--seq", 1, "--heads", 2, "--head-dim", 8, "--check")
     check(p.returncode == 0 and "PASSED" in p.stdout, f"S=1: dq vanishes and the check passes ({p.stdout[-200:]})")
+
+
+def test_simd_target():
+    """RINGATTN_SIMD selects the kernels' SIMD target: the report and the summary name the target that
+    ran, and the run still passes --check; a target the build or the CPU lacks is exit 2 on every rank."""
+    small = ["run", "--seq", 80, "--heads", 2, "--kv-heads", 1, "--head-dim", 20, "--causal", "--check"]
+    p = ringattn(2, *small, extra_env={"RINGATTN_SIMD": "NOSUCH"})
+    err = p.stderr.strip().splitlines()[0] if p.stderr.strip() else ""
+    check(p.returncode == 2 and "RINGATTN_SIMD=NOSUCH: not a SIMD target of this build" in err,
+          f"an unknown target: exit 2 and one line ({p.returncode}: {err[:200]})")
+    built = err.split("expected one of ")[-1].rstrip(")").split(", ") if "expected one of " in err else []
+    check("EMU128" in built, f"the build has the portable target EMU128 among {built}")
+    runnable = []
+    with tempfile.TemporaryDirectory() as d:
+        def simd_of(extra_env):
+            p = ringattn(2, *small, "--report", f"{d}/r.json", extra_env=extra_env)
+            if p.returncode != 0:
+                return p, None, None
+            return p, json.load(open(f"{d}/r.json")), p.stdout
+        for t in built:
+            p, rep, out = simd_of({"RINGATTN_SIMD": t})
+            if rep is None:
+                check(p.returncode == 2 and f"this CPU cannot run {t}" in p.stderr,
+                      f"{t}: not runnable here, exit 2 ({p.returncode}: {p.stderr.strip()[:200]})")
+                continue
+            runnable.append(t)
+            check(rep["config"]["simd"] == t, f"RINGATTN_SIMD={t}: config.simd {rep['config']['simd']}")
+            check(f"kernels {t}" in out.splitlines()[0], f"the summary names {t}: {out.splitlines()[0]}")
+            check(rep["check"]["passed"] is True, f"{t}: --check passes ({rep['check']['max_rel_err']})")
+        check("EMU128" in runnable, f"EMU128 runs everywhere: runnable {runnable}")
+        _, rep, _ = simd_of({})
+        best = rep["config"]["simd"] if rep else None
+        check(bool(runnable) and best == runnable[0], f"without RINGATTN_SIMD the best target runs: {best} "
+              f"(runnable, best first: {runnable})")
 
 
 if __name__ == "__main__":

@@ -86,7 +86,7 @@ BlockSoftmax block_softmax(const LabResult& r, std::vector<Index> qpos, std::vec
   std::vector<double> m(Lq), l(Lq);
   const OnlineState<double> st{m.data(), l.data(), out.o.data()};
   init_online_state(pq, st);
-  Workspace<double> ws;
+  Workspace<double> ws(resolve_tiling({}, D, std::max(Lq, Lk), 1), D);
   block_forward(QueryShard<double>{pq, qpos, q.data()}, KVBlock<double>{pk, kpos, k.data(), v.data()}, mask, r.scale,
                 st, ws);
   finalize_forward(pq, st, out.lse.data());

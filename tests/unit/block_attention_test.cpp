@@ -7,14 +7,50 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <random>
 
 #include "ringattn/core/layout.hpp"
 #include "ringattn/core/reference.hpp"
+#include "ringattn/core/simd.hpp"
 
 using namespace ringattn::core;
 
 namespace {
+
+// A workspace for tiling t on the current target, for shards of at most Lmax positions.
+template <class A>
+Workspace<A> workspace(const Tiling& t, Index D, Index Lmax, Index G = 1) {
+  return Workspace<A>(resolve_tiling(t, D, Lmax, G), D);
+}
+
+// Runs fn once on every SIMD target this CPU can run (the results must hold on each), then goes
+// back to the best one.
+template <class Fn>
+void on_every_target(Fn&& fn) {
+  const std::vector<std::string> targets = simd::available();
+  ASSERT_FALSE(targets.empty());
+  for (const std::string& t : targets) {
+    simd::select(t);
+    ASSERT_EQ(simd::current(), t) << "the dispatch runs the selected target";
+    SCOPED_TRACE("SIMD target " + t);
+    fn();
+  }
+  simd::select(targets.front());
+}
+
+// The targets this CPU runs, best first; the dispatch picks the first. Printed, so that a run under
+// an emulator shows which vector extensions (and, for SVE, which vector length) it exercised.
+TEST(BlockAttention, DispatchPicksTheBestTargetThisCpuRuns) {
+  const std::vector<std::string> targets = simd::available();
+  ASSERT_FALSE(targets.empty());
+  simd::select(targets.front());
+  std::string list;
+  for (const std::string& t : targets) list += (list.empty() ? "" : " ") + t;
+  std::printf("SIMD targets this CPU runs: %s; the best, %s, blocks f32 scores in %lld columns\n", list.c_str(),
+              simd::current().c_str(), static_cast<long long>(simd::column_block(sizeof(float))));
+  EXPECT_EQ(simd::current(), targets.front());
+}
 
 struct Global {
   Shape s;
@@ -88,7 +124,7 @@ DenseResult simulate_ring(const Global& g, const Layout& l, const Mask& mask, do
     const Packing pk{s.B, s.HKV, 1, l.size(o), s.D};
     return KVBlock<T>{pk, l.positions(o), kv[o].data(), kv[o].data() + pk.kv_elems()};
   };
-  Workspace<T> ws(tiling, s.D);  // with D: float takes the AVX-512 forward where it applies
+  Workspace<T> ws = workspace<T>(tiling, s.D, l.max_size(), s.G());
   // contributions[r][j]: rank r's contribution to block (r - j) mod N
   std::vector<std::vector<std::vector<T>>> contrib(N, std::vector<std::vector<T>>(N));
   for (int r = 0; r < N; ++r) {
@@ -155,10 +191,10 @@ std::vector<Case> cases() {
   };
 }
 
-// Shapes for the f32 AVX-512 kernels (D a multiple of 16): every column count of its 64-column
-// chunks (16..64, then 80 and 144 past one chunk), query tiles that leave 1..7 rows after the
-// 8-row and 6-row blocks, key tiles and trimmed strips that leave 1..31 keys after 32, and
-// partial tiles of every mask.
+// Shapes that exercise every remainder of the kernels' register blocks on every target: head dims
+// that are and are not multiples of the lanes (the column tail), query tiles that leave 1..7 rows
+// after 8-, 6- and 4-row blocks, key tiles and trimmed strips that leave every column count of a
+// score block, and partial tiles of every mask.
 std::vector<Case> packed_cases() {
   const Index S = 83;
   return {
@@ -170,6 +206,9 @@ std::vector<Case> packed_cases() {
        {7, 33, 2}},
       {"d80_full_partitioned", Shape{1, S, 1, 1, 80}, Layout::partitioned({40, 0, 43}), Mask::none(), {17, 64}},
       {"d144_causal", Shape{1, S, 2, 2, 144}, Layout::contiguous(S, 3), Mask::make(S, true, 0, {}), {23, 29, 4}},
+      {"d17_odd_head_dim_causal_gqa", Shape{1, S, 4, 2, 17}, Layout::zigzag(S, 2), Mask::make(S, true, 0, {}),
+       {9, 21, 5}},
+      {"d3_tiny_head_dim_window", Shape{2, S, 2, 1, 3}, Layout::contiguous(S, 2), Mask::make(S, true, 7, {}), {6, 11}},
       {"d32_row_chunks_of_two_tiles", Shape{1, S, 4, 2, 32}, Layout::contiguous(S, 1), Mask::make(S, true, 0, {}),
        {7, 16, 3, 14}},
   };
@@ -198,19 +237,27 @@ void expect_matches_reference(double tol, const std::vector<Case>& all = cases()
 
 }  // namespace
 
-TEST(BlockAttention, RingOfBlocksMatchesDenseReferenceFloat64) { expect_matches_reference<double>(1e-12); }
+TEST(BlockAttention, RingOfBlocksMatchesDenseReferenceFloat64) {
+  on_every_target([] { expect_matches_reference<double>(1e-12); });
+}
 
-TEST(BlockAttention, RingOfBlocksMatchesDenseReferenceFloat32) { expect_matches_reference<float>(1e-5); }
+TEST(BlockAttention, RingOfBlocksMatchesDenseReferenceFloat32) {
+  on_every_target([] { expect_matches_reference<float>(1e-5); });
+}
 
 // float32 rounding over D-long dot products and up to S-long sums, relative to the largest
 // element: a few 1e-7 per step; 2e-5 leaves room and still fails any wrong index or mask.
-TEST(BlockAttention, PackedFloat32KernelsMatchDenseReference) {
-  expect_matches_reference<float>(2e-5, packed_cases());
+TEST(BlockAttention, BlockRemaindersMatchDenseReferenceFloat32) {
+  on_every_target([] { expect_matches_reference<float>(2e-5, packed_cases()); });
 }
 
-// The packed kernels and Eigen's agree to float rounding on the same inputs, forward and
+TEST(BlockAttention, BlockRemaindersMatchDenseReferenceFloat64) {
+  on_every_target([] { expect_matches_reference<double>(1e-12, packed_cases()); });
+}
+
+// Every target agrees with the best one to float rounding on the same inputs, forward and
 // backward, and a single wrong value (here: one query element changed) is far outside that.
-TEST(BlockAttention, PackedAndEigenFloat32KernelsAgree) {
+TEST(BlockAttention, EveryTargetAgreesWithTheBestToRounding) {
   const Shape s{1, 70, 2, 1, 64};
   const Mask mask = Mask::make(s.S, true, 0, {});
   const Layout whole = Layout::contiguous(s.S, 1);
@@ -220,12 +267,12 @@ TEST(BlockAttention, PackedAndEigenFloat32KernelsAgree) {
   auto k = shard_packed<float>(g.k, s, s.HKV, whole, 0), v = shard_packed<float>(g.v, s, s.HKV, whole, 0);
   const KVBlock<float> kv{Packing{s.B, s.HKV, 1, s.S, s.D}, whole.positions(0), k.data(), v.data()};
   // o, lse, dq, dk, dv one after another
-  auto run = [&](const std::vector<float>& qv, Index head_dim) {
+  auto run = [&](const std::vector<float>& qv) {
     std::vector<float> m(pq.row_elems()), l(pq.row_elems()), lse(pq.row_elems()), acc(pq.q_elems()),
         delta(pq.row_elems()), dq(pq.q_elems(), 0.f), dk(k.size(), 0.f), dv(v.size(), 0.f);
     OnlineState<float> st{m.data(), l.data(), acc.data()};
     init_online_state(pq, st);
-    Workspace<float> ws(Tiling{24, 40, 8}, head_dim);
+    Workspace<float> ws = workspace<float>(Tiling{24, 40, 8}, s.D, s.S, s.G());
     const QueryShard<float> qs{pq, whole.positions(0), qv.data()};
     block_forward(qs, kv, mask, 0.125f, st, ws);
     finalize_forward(pq, st, lse.data());
@@ -236,109 +283,117 @@ TEST(BlockAttention, PackedAndEigenFloat32KernelsAgree) {
     for (const auto* t : {&acc, &lse, &dq, &dk, &dv}) out.insert(out.end(), t->begin(), t->end());
     return out;
   };
-  const std::vector<double> eigen = run(q, 0), packed = run(q, s.D);
-  EXPECT_LE(rel(packed, eigen), 1e-6);
+  const std::vector<double> best = run(q);
   auto q2 = q;
   q2[37 * s.D + 5] += 0.5f;
-  EXPECT_GT(rel(run(q2, s.D), eigen), 1e-3);
+  on_every_target([&] {
+    EXPECT_LE(rel(run(q), best), 1e-6);
+    EXPECT_GT(rel(run(q2), best), 1e-3);
+  });
 }
 
 // The online-softmax update gives the same O and LSE for any order and split of the keys,
 // including blocks in which some rows see nothing (future keys under the causal mask).
 TEST(BlockAttention, OnlineSoftmaxIsIndependentOfBlockOrderAndSplit) {
-  const Shape s{1, 24, 2, 1, 8};
-  const Mask mask = Mask::make(s.S, true, 0, {});
-  const Global g = random_inputs(s, 5, 3.0);
-  const double scale = 0.3;
-  const DenseResult ref = reference_attention(s, mask, scale, g.q, g.k, g.v, g.dout, false);
-  const Layout whole = Layout::contiguous(s.S, 1);
-  auto q = shard_packed<double>(g.q, s, s.H, whole, 0);
-  const Packing pq{s.B, s.HKV, s.G(), s.S, s.D};
-  std::mt19937 gen(9);
-  for (int trial = 0; trial < 20; ++trial) {
-    // random cut of the keys into blocks, visited in random order
-    std::vector<Index> cuts = {0, s.S};
-    for (int c = 0; c < 1 + trial % 5; ++c) cuts.push_back(1 + gen() % (s.S - 1));
-    std::sort(cuts.begin(), cuts.end());
-    cuts.erase(std::unique(cuts.begin(), cuts.end()), cuts.end());
-    std::vector<Index> sizes;
-    for (std::size_t c = 1; c < cuts.size(); ++c) sizes.push_back(cuts[c] - cuts[c - 1]);
-    const Layout blocks = Layout::partitioned(sizes);
-    std::vector<int> order(sizes.size());
-    for (std::size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int>(i);
-    std::shuffle(order.begin(), order.end(), gen);
-    std::vector<double> m(pq.row_elems()), l(pq.row_elems()), acc(pq.q_elems());
-    OnlineState<double> st{m.data(), l.data(), acc.data()};
-    init_online_state(pq, st);
-    Workspace<double> ws(Tiling{5, 4, 1 + trial % 3});  // strips of 1, 2, 3 rows in partial tiles
-    for (int o : order) {
-      auto k = shard_packed<double>(g.k, s, s.HKV, blocks, o), v = shard_packed<double>(g.v, s, s.HKV, blocks, o);
-      const KVBlock<double> kv{Packing{s.B, s.HKV, 1, blocks.size(o), s.D}, blocks.positions(o), k.data(), v.data()};
-      block_forward(QueryShard<double>{pq, whole.positions(0), q.data()}, kv, mask, scale, st, ws);
+  on_every_target([&] {
+    const Shape s{1, 24, 2, 1, 8};
+    const Mask mask = Mask::make(s.S, true, 0, {});
+    const Global g = random_inputs(s, 5, 3.0);
+    const double scale = 0.3;
+    const DenseResult ref = reference_attention(s, mask, scale, g.q, g.k, g.v, g.dout, false);
+    const Layout whole = Layout::contiguous(s.S, 1);
+    auto q = shard_packed<double>(g.q, s, s.H, whole, 0);
+    const Packing pq{s.B, s.HKV, s.G(), s.S, s.D};
+    std::mt19937 gen(9);
+    for (int trial = 0; trial < 20; ++trial) {
+      // random cut of the keys into blocks, visited in random order
+      std::vector<Index> cuts = {0, s.S};
+      for (int c = 0; c < 1 + trial % 5; ++c) cuts.push_back(1 + gen() % (s.S - 1));
+      std::sort(cuts.begin(), cuts.end());
+      cuts.erase(std::unique(cuts.begin(), cuts.end()), cuts.end());
+      std::vector<Index> sizes;
+      for (std::size_t c = 1; c < cuts.size(); ++c) sizes.push_back(cuts[c] - cuts[c - 1]);
+      const Layout blocks = Layout::partitioned(sizes);
+      std::vector<int> order(sizes.size());
+      for (std::size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int>(i);
+      std::shuffle(order.begin(), order.end(), gen);
+      std::vector<double> m(pq.row_elems()), l(pq.row_elems()), acc(pq.q_elems());
+      OnlineState<double> st{m.data(), l.data(), acc.data()};
+      init_online_state(pq, st);
+      Workspace<double> ws = workspace<double>(Tiling{5, 4, 1 + trial % 3}, s.D, s.S, s.G());  // strips of 1, 2, 3 rows
+      for (int o : order) {
+        auto k = shard_packed<double>(g.k, s, s.HKV, blocks, o), v = shard_packed<double>(g.v, s, s.HKV, blocks, o);
+        const KVBlock<double> kv{Packing{s.B, s.HKV, 1, blocks.size(o), s.D}, blocks.positions(o), k.data(), v.data()};
+        block_forward(QueryShard<double>{pq, whole.positions(0), q.data()}, kv, mask, scale, st, ws);
+      }
+      std::vector<double> rows(pq.row_elems());
+      finalize_forward(pq, st, rows.data());
+      std::vector<double> o(g.q.size()), lse(s.B * s.H * s.S);
+      unshard(acc, s, s.H, whole, 0, o);
+      for (Index h = 0; h < s.H; ++h)
+        for (Index i = 0; i < s.S; ++i) lse[h * s.S + i] = rows[i * s.G() + h];
+      EXPECT_LE(rel(o, ref.o), 1e-13) << "trial " << trial;
+      EXPECT_LE(rel(lse, ref.lse), 1e-13) << "trial " << trial;
     }
-    std::vector<double> rows(pq.row_elems());
-    finalize_forward(pq, st, rows.data());
-    std::vector<double> o(g.q.size()), lse(s.B * s.H * s.S);
-    unshard(acc, s, s.H, whole, 0, o);
-    for (Index h = 0; h < s.H; ++h)
-      for (Index i = 0; i < s.S; ++i) lse[h * s.S + i] = rows[i * s.G() + h];
-    EXPECT_LE(rel(o, ref.o), 1e-13) << "trial " << trial;
-    EXPECT_LE(rel(lse, ref.lse), 1e-13) << "trial " << trial;
-  }
+  });
 }
 
 // Merging per-block softmaxes with equal weights is wrong (blocks weigh by their exp mass), and
 // the comparison used everywhere catches it.
 TEST(BlockAttention, EqualWeightAveragingOfBlockSoftmaxesIsCaught) {
-  const Shape s{1, 16, 1, 1, 4};
-  const Global g = random_inputs(s, 2, 2.0);
-  const double scale = 0.5;
-  const DenseResult ref = reference_attention(s, Mask::none(), scale, g.q, g.k, g.v, g.dout, false);
-  const Layout whole = Layout::contiguous(s.S, 1), halves = Layout::partitioned({6, 10});
-  auto q = shard_packed<double>(g.q, s, s.H, whole, 0);
-  const Packing pq{s.B, s.HKV, s.G(), s.S, s.D};
-  std::vector<double> avg(pq.q_elems(), 0.0);
-  Workspace<double> ws;
-  for (int o = 0; o < 2; ++o) {
-    std::vector<double> m(pq.row_elems()), l(pq.row_elems()), acc(pq.q_elems());
-    OnlineState<double> st{m.data(), l.data(), acc.data()};
-    init_online_state(pq, st);
-    auto k = shard_packed<double>(g.k, s, s.HKV, halves, o), v = shard_packed<double>(g.v, s, s.HKV, halves, o);
-    block_forward(QueryShard<double>{pq, whole.positions(0), q.data()},
-                  KVBlock<double>{Packing{1, 1, 1, halves.size(o), s.D}, halves.positions(o), k.data(), v.data()},
-                  Mask::none(), scale, st, ws);
-    std::vector<double> lse(pq.row_elems());
-    finalize_forward(pq, st, lse.data());
-    for (std::size_t e = 0; e < avg.size(); ++e) avg[e] += 0.5 * acc[e];
-  }
-  std::vector<double> o(g.q.size());
-  unshard(avg, s, s.H, whole, 0, o);
-  EXPECT_GT(rel(o, ref.o), 1e-2);
+  on_every_target([&] {
+    const Shape s{1, 16, 1, 1, 4};
+    const Global g = random_inputs(s, 2, 2.0);
+    const double scale = 0.5;
+    const DenseResult ref = reference_attention(s, Mask::none(), scale, g.q, g.k, g.v, g.dout, false);
+    const Layout whole = Layout::contiguous(s.S, 1), halves = Layout::partitioned({6, 10});
+    auto q = shard_packed<double>(g.q, s, s.H, whole, 0);
+    const Packing pq{s.B, s.HKV, s.G(), s.S, s.D};
+    std::vector<double> avg(pq.q_elems(), 0.0);
+    Workspace<double> ws = workspace<double>(Tiling{}, s.D, s.S);
+    for (int o = 0; o < 2; ++o) {
+      std::vector<double> m(pq.row_elems()), l(pq.row_elems()), acc(pq.q_elems());
+      OnlineState<double> st{m.data(), l.data(), acc.data()};
+      init_online_state(pq, st);
+      auto k = shard_packed<double>(g.k, s, s.HKV, halves, o), v = shard_packed<double>(g.v, s, s.HKV, halves, o);
+      block_forward(QueryShard<double>{pq, whole.positions(0), q.data()},
+                    KVBlock<double>{Packing{1, 1, 1, halves.size(o), s.D}, halves.positions(o), k.data(), v.data()},
+                    Mask::none(), scale, st, ws);
+      std::vector<double> lse(pq.row_elems());
+      finalize_forward(pq, st, lse.data());
+      for (std::size_t e = 0; e < avg.size(); ++e) avg[e] += 0.5 * acc[e];
+    }
+    std::vector<double> o(g.q.size());
+    unshard(avg, s, s.H, whole, 0, o);
+    EXPECT_GT(rel(o, ref.o), 1e-2);
+  });
 }
 
 // Whole blocks with no visible pair do no work at all; causal tiles above the diagonal are skipped.
 TEST(BlockAttention, EmptyBlocksAndTilesAreSkipped) {
-  const Shape s{1, 64, 1, 1, 4};
-  const Mask causal = Mask::make(s.S, true, 0, {});
-  const Layout l = Layout::contiguous(s.S, 2);
-  const Global g = random_inputs(s, 1);
-  auto q0 = shard_packed<double>(g.q, s, s.H, l, 0);
-  auto k1 = shard_packed<double>(g.k, s, s.HKV, l, 1), v1 = shard_packed<double>(g.v, s, s.HKV, l, 1);
-  auto k0 = shard_packed<double>(g.k, s, s.HKV, l, 0), v0 = shard_packed<double>(g.v, s, s.HKV, l, 0);
-  const Packing pq{1, 1, 1, 32, s.D};
-  std::vector<double> m(32), ls(32), acc(32 * s.D);
-  OnlineState<double> st{m.data(), ls.data(), acc.data()};
-  init_online_state(pq, st);
-  Workspace<double> ws(Tiling{8, 8});
-  const QueryShard<double> qs{pq, l.positions(0), q0.data()};
-  // rank 0's queries against rank 1's (future) keys: nothing
-  const Work none = block_forward(qs, KVBlock<double>{pq, l.positions(1), k1.data(), v1.data()}, causal, 1.0, st, ws);
-  EXPECT_EQ(none.tile_pairs, 0);
-  EXPECT_EQ(none.flops, 0);
-  // its own block: 4x4 tiles of 8, only the 10 on or below the diagonal
-  const Work own = block_forward(qs, KVBlock<double>{pq, l.positions(0), k0.data(), v0.data()}, causal, 1.0, st, ws);
-  EXPECT_EQ(own.tile_pairs, 10);
-  EXPECT_EQ(own.flops, 10 * 4.0 * 8 * 8 * s.D);
+  on_every_target([&] {
+    const Shape s{1, 64, 1, 1, 4};
+    const Mask causal = Mask::make(s.S, true, 0, {});
+    const Layout l = Layout::contiguous(s.S, 2);
+    const Global g = random_inputs(s, 1);
+    auto q0 = shard_packed<double>(g.q, s, s.H, l, 0);
+    auto k1 = shard_packed<double>(g.k, s, s.HKV, l, 1), v1 = shard_packed<double>(g.v, s, s.HKV, l, 1);
+    auto k0 = shard_packed<double>(g.k, s, s.HKV, l, 0), v0 = shard_packed<double>(g.v, s, s.HKV, l, 0);
+    const Packing pq{1, 1, 1, 32, s.D};
+    std::vector<double> m(32), ls(32), acc(32 * s.D);
+    OnlineState<double> st{m.data(), ls.data(), acc.data()};
+    init_online_state(pq, st);
+    Workspace<double> ws = workspace<double>(Tiling{8, 8}, s.D, 32);
+    const QueryShard<double> qs{pq, l.positions(0), q0.data()};
+    // rank 0's queries against rank 1's (future) keys: nothing
+    const Work none = block_forward(qs, KVBlock<double>{pq, l.positions(1), k1.data(), v1.data()}, causal, 1.0, st, ws);
+    EXPECT_EQ(none.tile_pairs, 0);
+    EXPECT_EQ(none.flops, 0);
+    // its own block: 4x4 tiles of 8, only the 10 on or below the diagonal
+    const Work own = block_forward(qs, KVBlock<double>{pq, l.positions(0), k0.data(), v0.data()}, causal, 1.0, st, ws);
+    EXPECT_EQ(own.tile_pairs, 10);
+    EXPECT_EQ(own.flops, 10 * 4.0 * 8 * 8 * s.D);
+  });
 }
 
 namespace {
@@ -353,7 +408,7 @@ Work self_block_work(Index L, const Mask& mask, Index T, Index D = 4, Index stri
   std::vector<double> m(L), ls(L), acc(L * D);
   OnlineState<double> st{m.data(), ls.data(), acc.data()};
   init_online_state(pk, st);
-  Workspace<double> ws(Tiling{T, T, strip});
+  Workspace<double> ws = workspace<double>(Tiling{T, T, strip}, D, L);
   return block_forward(QueryShard<double>{pk, l.positions(0), q.data()},
                        KVBlock<double>{pk, l.positions(0), k.data(), v.data()}, mask, 1.0, st, ws);
 }
@@ -363,40 +418,44 @@ Work self_block_work(Index L, const Mask& mask, Index T, Index D = 4, Index stri
 // n(n+1)/2 tiles on or below the diagonal; a window W <= T keeps the diagonal and, for W > 1,
 // the subdiagonal (2n - 1); causal documents aligned to tiles keep sum n_d(n_d+1)/2.
 TEST(BlockAttention, SkippedTilePairsFollowTheirClosedForms) {
-  const Index L = 96, T = 8, n = L / T;
-  EXPECT_EQ(self_block_work(L, Mask::none(), T).tile_pairs, n * n);
-  EXPECT_EQ(self_block_work(L, Mask::make(L, true, 0, {}), T).tile_pairs, n * (n + 1) / 2);
-  EXPECT_EQ(self_block_work(L, Mask::make(L, true, 5, {}), T).tile_pairs, 2 * n - 1);
-  EXPECT_EQ(self_block_work(L, Mask::make(L, true, 1, {}), T).tile_pairs, n);
-  // documents of 16, 32, 48 positions = 2, 4, 6 tiles
-  EXPECT_EQ(self_block_work(L, Mask::make(L, true, 0, {16, 32, 48}), T).tile_pairs, 3 + 10 + 21);
-  EXPECT_EQ(self_block_work(L, Mask::make(L, false, 0, {16, 32, 48}), T).tile_pairs, 4 + 16 + 36);
-  const Work causal = self_block_work(L, Mask::make(L, true, 0, {}), T, 4);
-  EXPECT_EQ(causal.flops, causal.tile_pairs * 4.0 * T * T * 4);
+  on_every_target([&] {
+    const Index L = 96, T = 8, n = L / T;
+    EXPECT_EQ(self_block_work(L, Mask::none(), T).tile_pairs, n * n);
+    EXPECT_EQ(self_block_work(L, Mask::make(L, true, 0, {}), T).tile_pairs, n * (n + 1) / 2);
+    EXPECT_EQ(self_block_work(L, Mask::make(L, true, 5, {}), T).tile_pairs, 2 * n - 1);
+    EXPECT_EQ(self_block_work(L, Mask::make(L, true, 1, {}), T).tile_pairs, n);
+    // documents of 16, 32, 48 positions = 2, 4, 6 tiles
+    EXPECT_EQ(self_block_work(L, Mask::make(L, true, 0, {16, 32, 48}), T).tile_pairs, 3 + 10 + 21);
+    EXPECT_EQ(self_block_work(L, Mask::make(L, false, 0, {16, 32, 48}), T).tile_pairs, 4 + 16 + 36);
+    const Work causal = self_block_work(L, Mask::make(L, true, 0, {}), T, 4);
+    EXPECT_EQ(causal.flops, causal.tile_pairs * 4.0 * T * T * 4);
+  });
 }
 
 // A partial tile is computed as a staircase of strips, each trimmed to the keys its rows see: a
 // causal diagonal tile of T rows in strips of s rows costs sum_{k=1..T/s} s * ks pairs instead
 // of T^2.
 TEST(BlockAttention, PartialTilesAreComputedAsTrimmedStrips) {
-  const Index L = 96, T = 16, n = L / T, D = 4;
-  for (Index strip : {1, 4, 8, 16}) {
-    const Work causal = self_block_work(L, Mask::make(L, true, 0, {}), T, D, strip);
-    EXPECT_EQ(causal.tile_pairs, n * (n + 1) / 2) << "strip " << strip;
-    const Index m = T / strip;
-    const double diagonal_pairs = double(strip) * strip * m * (m + 1) / 2;  // sum_k s * (k s)
-    EXPECT_EQ(causal.flops, 4.0 * D * (n * (n - 1) / 2 * double(T * T) + n * diagonal_pairs)) << "strip " << strip;
-  }
-  // Strips of one row compute exactly the visible pairs: L(L+1)/2 for causal, and for a window
-  // of W rows i-W < j <= i: sum_i min(i+1, W).
-  EXPECT_EQ(self_block_work(L, Mask::make(L, true, 0, {}), T, D, 1).flops, 4.0 * D * L * (L + 1) / 2);
-  const Index W = 5;
-  double window_pairs = 0;
-  for (Index i = 0; i < L; ++i) window_pairs += double(std::min(i + 1, W));
-  EXPECT_EQ(self_block_work(L, Mask::make(L, true, W, {}), T, D, 1).flops, 4.0 * D * window_pairs);
-  // Documents of 10, 30, 56 positions (not aligned to tiles), non-causal, strips of one row:
-  // exactly sum_d n_d^2 pairs.
-  EXPECT_EQ(self_block_work(L, Mask::make(L, false, 0, {10, 30, 56}), T, D, 1).flops,
-            4.0 * D * (10 * 10 + 30 * 30 + 56 * 56));
+  on_every_target([&] {
+    const Index L = 96, T = 16, n = L / T, D = 4;
+    for (Index strip : {1, 4, 8, 16}) {
+      const Work causal = self_block_work(L, Mask::make(L, true, 0, {}), T, D, strip);
+      EXPECT_EQ(causal.tile_pairs, n * (n + 1) / 2) << "strip " << strip;
+      const Index m = T / strip;
+      const double diagonal_pairs = double(strip) * strip * m * (m + 1) / 2;  // sum_k s * (k s)
+      EXPECT_EQ(causal.flops, 4.0 * D * (n * (n - 1) / 2 * double(T * T) + n * diagonal_pairs)) << "strip " << strip;
+    }
+    // Strips of one row compute exactly the visible pairs: L(L+1)/2 for causal, and for a window
+    // of W rows i-W < j <= i: sum_i min(i+1, W).
+    EXPECT_EQ(self_block_work(L, Mask::make(L, true, 0, {}), T, D, 1).flops, 4.0 * D * L * (L + 1) / 2);
+    const Index W = 5;
+    double window_pairs = 0;
+    for (Index i = 0; i < L; ++i) window_pairs += double(std::min(i + 1, W));
+    EXPECT_EQ(self_block_work(L, Mask::make(L, true, W, {}), T, D, 1).flops, 4.0 * D * window_pairs);
+    // Documents of 10, 30, 56 positions (not aligned to tiles), non-causal, strips of one row:
+    // exactly sum_d n_d^2 pairs.
+    EXPECT_EQ(self_block_work(L, Mask::make(L, false, 0, {10, 30, 56}), T, D, 1).flops,
+              4.0 * D * (10 * 10 + 30 * 30 + 56 * 56));
+  });
 }
 

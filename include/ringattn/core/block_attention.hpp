@@ -24,13 +24,17 @@
 namespace ringattn::core {
 
 struct Tiling {
-  Index q_rows = 128;     // rows of a query tile (positions x heads)
-  Index k_cols = 256;     // keys of a K/V tile
+  Index q_rows = 0;       // rows of a query tile (positions x heads); 0: the SIMD target's default
+  Index k_cols = 0;       // keys of a K/V tile; 0: the SIMD target's default
   Index strip_rows = 32;  // a partially visible tile is computed in strips of this many rows, each
                           // trimmed to the keys its rows can see (a staircase along the diagonal)
   Index chunk_rows = 0;   // query rows are swept in chunks of this many (rounded up to whole tiles),
                           // each against every K/V tile; 0: as many as keep ~1 MiB of row operands
 };
+
+// The tiling the kernels use on this SIMD target: defaults filled in, tiles no larger than the
+// shards (Lmax positions, G rows each), chunks in whole tiles.
+Tiling resolve_tiling(const Tiling& t, Index head_dim, Index Lmax, Index G);
 
 // Work actually done, counted as FlashAttention does: forward 4*rows*cols*D per computed piece,
 // backward 2.5x that (five GEMMs of 2*rows*cols*D instead of two). A full tile is one piece; a
@@ -47,27 +51,23 @@ struct Work {
 
 using Progress = FunctionRef<void()>;
 
-// Scratch of the kernels, sized once. head_dim sizes kt, the transposed K and V tiles of the f32
-// AVX-512 kernels (tile_kernels_avx512.hpp); a float Workspace built without it, or a D that is
-// not a multiple of 16, runs on Eigen's GEMM instead (same results to rounding).
-template <class T>
+// Scratch of the kernels, sized once for a resolved tiling (accumulation type A): the score and
+// probability tiles, the transposed K and V tiles, the chunk's scaled queries, and the row operands
+// copied as A (Q, dO of the chunk; K, V of the tile). Rows of the tiles are padded to whole column
+// blocks of the SIMD target, and every row stride is an odd number of cache lines, so that a
+// product's operand panel, read row after row, spreads over all sets of the L1 cache.
+template <class A>
 struct Workspace {
-  explicit Workspace(const Tiling& t = {}, Index head_dim = 0)
-      : tiling(t),
-        s(t.q_rows * t.k_cols),
-        p(t.q_rows * t.k_cols),
-        rowbuf(t.q_rows),
-        rowmax(t.q_rows),
-        kt(std::is_same_v<T, float> ? 2 * t.k_cols * head_dim : 0) {}
-  // What a Workspace of this tiling holds, in bytes.
-  static Index bytes(const Tiling& t, Index head_dim) {
-    const Index kt = std::is_same_v<T, float> ? 2 * t.k_cols * head_dim : 0;
-    return Index(sizeof(T)) * (2 * t.q_rows * t.k_cols + 2 * t.q_rows + kt);
-  }
+  Workspace(const Tiling& resolved, Index head_dim);
+  static Index bytes(const Tiling& resolved, Index head_dim);
   Tiling tiling;
-  AlignedVector<T> s, p;          // score / probability tiles [q_rows, k_cols]
-  AlignedVector<T> rowbuf, rowmax;  // per tile row: the rescale factor, the score max
-  AlignedVector<T> kt;            // 2 x [head_dim, k_cols]: one K tile and one V tile transposed
+  Index D = 0, R = 0;               // head dim, rows per chunk
+  Index ld = 0, ldd = 0;            // row strides of the tiles [*, k_cols] and of the row operands [*, D]
+  AlignedVector<A> s, p;            // score / probability / dS tiles [q_rows, ld]
+  AlignedVector<A> kt, vt;          // K and V tiles transposed [D, ld]
+  AlignedVector<A> qs;              // the chunk's queries times the scale [R, D]
+  AlignedVector<A> qw, dow, kw, vw;  // Q, dO of the chunk [R, ldd]; K, V of the tile [k_cols, ldd]
+  AlignedVector<A> rowmax, rowc, rowsum, vmax;  // per tile row; the score kernel's running maxima
 };
 
 // One rank's queries in packed form (storage type).

@@ -74,9 +74,6 @@ struct JobPlan {
 // Throws InputError naming the option or file at fault. Reads input headers, no data.
 JobPlan make_plan(const JobConfig& c, int N);
 
-// Tiles never larger than the shards they cover: rows up to L*G of the largest shard, keys up to L.
-core::Tiling effective_tiling(const core::Tiling& t, Index Lmax, Index G);
-
 // The strategy's setup for this plan; it points into `p`, which must outlive the strategy.
 StrategySetup strategy_setup(const JobConfig& c, const JobPlan& p);
 

@@ -1,0 +1,35 @@
+#pragma once
+// The SIMD target the kernels run on. One kernel source is compiled for every target the build
+// has; at run time the best one this CPU supports is chosen, or the one RINGATTN_SIMD names
+// (Highway's names: AVX3_DL, AVX3, AVX2, SSE4, EMU128, NEON, SVE, SVE2, ...).
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "ringattn/core/block_attention.hpp"
+#include "ringattn/core/shape.hpp"
+
+namespace ringattn::core::simd {
+
+// The target the kernels run on now ("AVX2").
+std::string current();
+// Targets this build has and this CPU runs, best first.
+std::vector<std::string> available();
+// Restricts the kernels to `name`. Throws InputError when the build has no such target or this
+// CPU cannot run it; the message names the targets it can.
+void select(const std::string& name);
+// select(RINGATTN_SIMD) once, when the variable is set; a bad value throws InputError naming it.
+void select_from_environment();
+
+// The FMA peak of this core in FLOP/s for f32 or f64 on the current target: independent chains of
+// fused multiply-adds, the best rate seen in `seconds`.
+double fma_peak(DType t, double seconds = 0.2);
+
+// The current target's default tiles, and the columns its score kernel covers at once.
+Tiling default_tiling();
+Index column_block(std::size_t elem_size);
+
+// Every target the build compiled, as Highway's bits, best first (for tests and the dispatch).
+std::vector<std::int64_t> compiled_targets();
+
+}  // namespace ringattn::core::simd
