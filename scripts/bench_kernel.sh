@@ -57,9 +57,14 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 RUN=(run --seq 8192 --heads 8 --head-dim 64 --iters 3 --warmup 1)
 echo "## causal zigzag against non-causal, N=2, S=8192 H=8 D=64 f32, forward + backward"
+job() {  # job NAME ARGS...: one N=2 run, its progress lines kept out of the table
+  local name=$1; shift
+  mpirun -np 2 --bind-to core "$BIN" "${RUN[@]}" "$@" --report "$tmp/$name.json" >/dev/null 2>"$tmp/$name.log" ||
+    { cat "$tmp/$name.log" >&2; exit 3; }
+}
 for r in $(seq 1 "$ROUNDS"); do
-  mpirun -np 2 --bind-to core "$BIN" "${RUN[@]}" --report "$tmp/full_$r.json" >/dev/null
-  mpirun -np 2 --bind-to core "$BIN" "${RUN[@]}" --causal --layout zigzag --report "$tmp/causal_$r.json" >/dev/null
+  job "full_$r"
+  job "causal_$r" --causal --layout zigzag
 done
 /usr/bin/python3 - "$tmp" "$ROUNDS" <<'PY'
 import json, statistics, sys
