@@ -78,9 +78,9 @@ struct Comm::Impl {
   }
 };
 
-void Comm::set_from(void* native) {
+void Comm::set_from(const void* mpi_comm) {
   impl_ = std::make_unique<Impl>();
-  check(MPI_Comm_dup(reinterpret_cast<MPI_Comm>(native), &impl_->comm), "MPI_Comm_dup");
+  check(MPI_Comm_dup(*static_cast<const MPI_Comm*>(mpi_comm), &impl_->comm), "MPI_Comm_dup");
   MPI_Comm_set_errhandler(impl_->comm, MPI_ERRORS_RETURN);
   MPI_Comm_rank(impl_->comm, &rank_);
   MPI_Comm_size(impl_->comm, &size_);
@@ -88,13 +88,21 @@ void Comm::set_from(void* native) {
 
 Comm Comm::world() {
   Comm c;
-  c.set_from(reinterpret_cast<void*>(MPI_COMM_WORLD));
+  const MPI_Comm world = MPI_COMM_WORLD;
+  c.set_from(&world);
   return c;
 }
 
 Comm Comm::duplicate(void* native) {
   Comm c;
-  c.set_from(native);
+  const MPI_Comm mpi = reinterpret_cast<MPI_Comm>(native);
+  c.set_from(&mpi);
+  return c;
+}
+
+Comm Comm::duplicate_of(const void* mpi_comm) {
+  Comm c;
+  c.set_from(mpi_comm);
   return c;
 }
 

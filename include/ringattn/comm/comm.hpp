@@ -41,6 +41,10 @@ class Comm final : public Group {
   static Comm world();
   // A duplicate of `native` (an MPI_Comm passed as a pointer-sized handle, e.g. from mpi4py).
   static Comm duplicate(void* native);
+  // A duplicate of the application's communicator `*mpi_comm` (an MPI_Comm, whatever its type in
+  // the MPI implementation: mpi4py's PyMPIComm_Get gives such a pointer). Collective over it; MPI
+  // stays the application's to initialise and finalise.
+  static Comm duplicate_of(const void* mpi_comm);
   Comm(Comm&&) noexcept;
   Comm& operator=(Comm&&) noexcept;
   ~Comm() override;
@@ -77,7 +81,7 @@ class Comm final : public Group {
 
  private:
   Comm() = default;
-  void set_from(void* native);
+  void set_from(const void* mpi_comm);  // duplicates *mpi_comm (an MPI_Comm)
   struct Impl;
   std::unique_ptr<Impl> impl_;
   int rank_ = 0, size_ = 1;

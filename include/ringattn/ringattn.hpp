@@ -1,0 +1,131 @@
+#pragma once
+// ringattn as a library: distributed attention over the ranks of an MPI communicator, called from
+// an application's own code (the `ringattn` command line is one such application).
+//
+// Every rank of the communicator holds its shard of the sequence: the positions the layout gives
+// it (positions()), in increasing global order. Shapes, with L = local_size():
+//   q, dout, o, dq   [B, L, H, D]      k, v, dk, dv   [B, L, HKV, D]      lse   [B, H, L]
+// Storage (q, k, v, dout) is in the plan's dtype; o, lse and the gradients are in its accumulation
+// type (float for f32, double for f64).
+//
+// Use, on every rank of `mpi_comm` (MPI already initialised by the application, or by
+// comm::Environment):
+//   ringattn::AttentionOptions opt;
+//   opt.shape = {B, S, H, HKV, D};
+//   opt.causal = true;  opt.layout = "zigzag";  opt.dtype = "f32";
+//   ringattn::Attention att(ringattn::communicator(mpi_comm), opt);   // collective
+//   att.load(q, k, v);                                                  // this rank's shard
+//   att.forward();
+//   att.backward(dout);                                                 // optional
+//   att.outputs(ringattn::Outputs<float>{o, lse, dq, dk, dv});
+//
+// Errors: a bad option or a shard of the wrong size throws InputError with a one-line message, on
+// every rank of the communicator at once (the ranks agree on errors before they exchange data), so
+// one rank's mistake never leaves its peers waiting. Failures while the ranks talk throw
+// RuntimeFailure; a watchdog (timeout_s) ends the whole job instead of hanging.
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "ringattn/comm/comm.hpp"
+#include "ringattn/core/block_attention.hpp"
+#include "ringattn/core/errors.hpp"
+#include "ringattn/core/layout.hpp"
+#include "ringattn/core/ledger.hpp"
+#include "ringattn/core/mask.hpp"
+#include "ringattn/core/reference.hpp"
+#include "ringattn/core/shape.hpp"
+
+namespace ringattn {
+
+using core::Index;
+
+// A private duplicate of an application's communicator (`mpi_comm` is an MPI_Comm, e.g.
+// MPI_COMM_WORLD or one from MPI_Comm_split). Collective over it.
+template <class MpiComm>
+comm::Comm communicator(const MpiComm& mpi_comm) {
+  return comm::Comm::duplicate_of(&mpi_comm);
+}
+
+// What one attention call is. Names as in the Python package.
+struct AttentionOptions {
+  core::Shape shape;                  // the whole problem: B, S, H, HKV, D
+  std::string layout = "contiguous";  // contiguous | striped | zigzag
+  std::vector<Index> partition;       // contiguous only: every rank's number of positions (sum S)
+  bool causal = false;
+  Index window = 0;                   // W > 0: causal sliding window, i - W < j <= i
+  std::vector<Index> doc_lens;        // packed documents (sum S): attention stays within each
+  std::optional<double> scale;        // default 1/sqrt(D)
+  std::optional<double> rope_theta;   // RoPE (rotate-half) on q and k at their global positions
+  std::string strategy = "ring";      // how the ranks share the work
+  std::optional<int> ulysses_degree;  // ranks per all-to-all group of the head-parallel strategies
+  std::string dtype = "f32";          // storage type of q, k, v, dout: f32 | f64
+  double timeout_s = 0;               // watchdog on every wait (seconds); 0: none
+  core::Tiling tiling;                // kernel tiles; zeros: the SIMD target's defaults
+};
+
+// Outputs to read, in the accumulation type A; an empty span is skipped. Sizes as above.
+template <class A>
+struct Outputs {
+  std::span<A> o, lse, dq, dk, dv;
+};
+
+// One pass on this rank: wall time, time in the kernels, time blocked on transfers, work done.
+struct PassReport {
+  double total_s = 0, compute_s = 0, wait_s = 0;
+  double flops = 0;
+};
+
+struct AttentionReport {
+  PassReport forward, backward;
+  core::Ledger ledger;       // what this rank sent and received, counted as it moved
+  Index resident_bytes = 0;  // every buffer the strategy holds on this rank
+};
+
+class Attention {
+ public:
+  // Collective over `comm`: checks the options on every rank, and that every rank was given the
+  // same ones; builds the layout, the mask and the strategy. Throws InputError on every rank.
+  Attention(comm::Comm comm, const AttentionOptions& options);
+  ~Attention();
+  Attention(Attention&&) noexcept;
+  Attention& operator=(Attention&&) noexcept;
+
+  int rank() const;
+  int ranks() const;
+  const comm::Comm& comm() const;
+  const core::Shape& shape() const;
+  core::DType dtype() const;
+  double scale() const;
+  const core::Layout& layout() const;
+  const core::Mask& mask() const;
+  Index local_size() const;                  // L
+  std::span<const Index> positions() const;  // this rank's global positions, increasing
+
+  // This rank's shard, in the plan's dtype (copied). Collective: a size that does not match the
+  // shape and this rank's L, or the wrong dtype, throws InputError on every rank.
+  void load(std::span<const float> q, std::span<const float> k, std::span<const float> v);
+  void load(std::span<const double> q, std::span<const double> k, std::span<const double> v);
+  // Collective, after load().
+  void forward();
+  // dL/dO of this rank's positions (copied). Collective, after forward().
+  void backward(std::span<const float> dout);
+  void backward(std::span<const double> dout);
+  bool has_backward() const;
+
+  // This rank's outputs; dq, dk, dv after backward(); with RoPE they are the gradients of q and k
+  // as loaded. Local: a span of the wrong size or type throws InputError on this rank only.
+  void outputs(const Outputs<float>& out) const;
+  void outputs(const Outputs<double>& out) const;
+
+  AttentionReport report() const;
+
+  struct Impl;
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace ringattn
