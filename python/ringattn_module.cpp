@@ -1,0 +1,206 @@
+// ringattn._ringattn: the Python binding of ringattn::Attention (ringattn/ringattn.hpp).
+// The communicator comes from mpi4py's C API, so any mpi4py communicator works (COMM_WORLD or a
+// sub-communicator of a data-parallel x context-parallel job). Tensors pass as raw pointers to
+// CPU memory that python/ringattn/__init__.py keeps alive and sizes: no copies at the boundary.
+// This is the one file outside src/comm that sees <mpi.h> (mpi4py's header needs it).
+#include <mpi4py/mpi4py.h>
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "ringattn/ringattn.hpp"
+#include "ringattn/runtime/agreement.hpp"
+
+namespace py = pybind11;
+using ringattn::Index;
+using ringattn::InputError;
+
+namespace {
+
+std::string shape_text(const std::vector<Index>& s) {
+  std::string t = "[";
+  for (std::size_t i = 0; i < s.size(); ++i) t += (i ? ", " : "") + std::to_string(s[i]);
+  return t + "]";
+}
+
+const char* storage_dtype(const std::string& torch_name) {
+  if (torch_name == "float32") return "f32";
+  if (torch_name == "float64") return "f64";
+  return nullptr;
+}
+
+// This rank's own checks of q [B, L, H, D], k, v [B, L, HKV, D] (no communication).
+void check_tensors(const std::vector<Index>& q, const std::vector<Index>& k, const std::vector<Index>& v,
+                   const std::vector<std::string>& dtypes) {
+  const char* names[] = {"q", "k", "v"};
+  const std::vector<Index>* shapes[] = {&q, &k, &v};
+  for (int t = 0; t < 3; ++t)
+    if (shapes[t]->size() != 4)
+      throw InputError(fmt::format("{}: shape {} has {} dims (expected [B, L, {}, D])", names[t],
+                                   shape_text(*shapes[t]), shapes[t]->size(), t == 0 ? "H" : "HKV"));
+  if (!storage_dtype(dtypes[0]))
+    throw InputError(fmt::format("q: dtype {} is not supported (expected float32 or float64)", dtypes[0]));
+  for (int t = 1; t < 3; ++t)
+    if (dtypes[t] != dtypes[0])
+      throw InputError(fmt::format("{}: dtype {} differs from q's {} (expected q, k and v of one dtype)", names[t],
+                                   dtypes[t], dtypes[0]));
+  if (v != k)
+    throw InputError(fmt::format("v: shape {} differs from k's {} (expected the same [B, L, HKV, D])", shape_text(v),
+                                 shape_text(k)));
+  if (k[0] != q[0] || k[1] != q[1] || k[3] != q[3])
+    throw InputError(fmt::format("k: shape {} does not match q's {} (expected [B, L, HKV, D] with q's B, L and D)",
+                                 shape_text(k), shape_text(q)));
+  if (k[2] < 1 || q[2] % k[2] != 0)
+    throw InputError(fmt::format("k: q has H = {} heads, not a multiple of k's HKV = {} (expected H % HKV == 0)",
+                                 q[2], k[2]));
+}
+
+template <class T>
+std::span<T> view(std::uintptr_t ptr, Index n) {
+  return {reinterpret_cast<T*>(ptr), static_cast<std::size_t>(n)};
+}
+
+// One attention call on this rank, from the forward to the backward.
+class Call {
+ public:
+  Call(py::object comm, Index seq_len, std::vector<Index> q, std::vector<Index> k, std::vector<Index> v,
+       std::vector<std::string> dtypes, std::string local_error, bool causal, Index window, std::vector<Index> doc_lens,
+       std::string layout, std::vector<Index> partition, std::optional<double> scale, std::optional<double> rope,
+       std::string strategy, std::optional<int> ulysses_degree)
+      : q_(std::move(q)), k_(std::move(k)) {
+    MPI_Comm* mpi = PyMPIComm_Get(comm.ptr());
+    if (!mpi) throw py::error_already_set();
+    ringattn::comm::Comm c = ringattn::comm::Comm::duplicate_of(mpi);  // collective over `comm`
+    ringattn::AttentionOptions o;
+    ringattn::runtime::agreed(c, [&] {
+      if (!local_error.empty()) throw InputError(local_error);
+      check_tensors(q_, k_, v, dtypes);
+      if (seq_len < 1) throw InputError(fmt::format("seq_len: {} is not a positive length (expected >= 1)", seq_len));
+      o.shape = ringattn::core::Shape{q_[0], seq_len, q_[2], k_[2], q_[3]};
+      o.dtype = storage_dtype(dtypes[0]);
+    });
+    o.layout = std::move(layout);
+    o.partition = std::move(partition);
+    o.causal = causal;
+    o.window = window;
+    o.doc_lens = std::move(doc_lens);
+    o.scale = scale;
+    o.rope_theta = rope;
+    o.strategy = std::move(strategy);
+    o.ulysses_degree = ulysses_degree;
+    att_.emplace(std::move(c), o);  // collective: options checked and agreed on
+    const ringattn::core::Layout& l = att_->layout();
+    ringattn::runtime::agreed(att_->comm(), [&] {
+      if (q_[1] != att_->local_size())
+        throw InputError(fmt::format(
+            "q: rank {} holds L = {} positions, but the {} layout of seq_len = {} over {} ranks gives it {} (expected "
+            "q [B, {}, H, D]; ringattn.positions({}, {}, {}, layout='{}') lists them)",
+            att_->rank(), q_[1], ringattn::core::layout_name(l.kind()), seq_len, att_->ranks(), att_->local_size(),
+            att_->local_size(), seq_len, att_->ranks(), att_->rank(), ringattn::core::layout_name(l.kind())));
+    });
+  }
+
+  std::string dtype() const { return ringattn::core::dtype_name(att_->dtype()); }
+  Index local_size() const { return att_->local_size(); }
+
+  // q, k, v in the storage dtype; o [B, L, H, D] and lse [B, H, L] in the accumulation dtype.
+  void forward(std::uintptr_t q, std::uintptr_t k, std::uintptr_t v, std::uintptr_t o, std::uintptr_t lse) {
+    py::gil_scoped_release unlocked;
+    if (att_->dtype() == ringattn::core::DType::f64) run_forward<double, double>(q, k, v, o, lse);
+    else run_forward<float, float>(q, k, v, o, lse);
+  }
+
+  // dout in the storage dtype; dq, dk, dv in the accumulation dtype.
+  void backward(std::uintptr_t dout, std::uintptr_t dq, std::uintptr_t dk, std::uintptr_t dv) {
+    py::gil_scoped_release unlocked;
+    if (att_->dtype() == ringattn::core::DType::f64) run_backward<double, double>(dout, dq, dk, dv);
+    else run_backward<float, float>(dout, dq, dk, dv);
+  }
+
+ private:
+  Index q_elems() const { return q_[0] * q_[1] * q_[2] * q_[3]; }
+  Index kv_elems() const { return k_[0] * k_[1] * k_[2] * k_[3]; }
+
+  template <class S, class A>
+  void run_forward(std::uintptr_t q, std::uintptr_t k, std::uintptr_t v, std::uintptr_t o, std::uintptr_t lse) {
+    att_->load(view<const S>(q, q_elems()), view<const S>(k, kv_elems()), view<const S>(v, kv_elems()));
+    att_->forward();
+    ringattn::Outputs<A> out;
+    out.o = view<A>(o, q_elems());
+    out.lse = view<A>(lse, q_[0] * q_[2] * q_[1]);
+    att_->outputs(out);
+  }
+
+  template <class S, class A>
+  void run_backward(std::uintptr_t dout, std::uintptr_t dq, std::uintptr_t dk, std::uintptr_t dv) {
+    att_->backward(view<const S>(dout, q_elems()));
+    ringattn::Outputs<A> out;
+    out.dq = view<A>(dq, q_elems());
+    out.dk = view<A>(dk, kv_elems());
+    out.dv = view<A>(dv, kv_elems());
+    att_->outputs(out);
+  }
+
+  std::vector<Index> q_, k_;
+  std::optional<ringattn::Attention> att_;
+};
+
+py::array_t<std::int64_t> positions(Index seq_len, int ranks, int rank, const std::string& layout,
+                                    const std::vector<Index>& partition) {
+  if (seq_len < 1) throw InputError(fmt::format("seq_len: {} is not a positive length (expected >= 1)", seq_len));
+  if (ranks < 1) throw InputError(fmt::format("ranks: {} is not >= 1", ranks));
+  if (rank < 0 || rank >= ranks) throw InputError(fmt::format("rank: {} is outside 0..{}", rank, ranks - 1));
+  ringattn::core::LayoutKind kind;
+  if (layout == "contiguous") kind = ringattn::core::LayoutKind::contiguous;
+  else if (layout == "striped") kind = ringattn::core::LayoutKind::striped;
+  else if (layout == "zigzag") kind = ringattn::core::LayoutKind::zigzag;
+  else throw InputError(fmt::format("layout: unknown layout '{}' (expected contiguous, striped or zigzag)", layout));
+  if (!partition.empty()) {
+    if (kind != ringattn::core::LayoutKind::contiguous)
+      throw InputError(fmt::format("partition: only applies to the contiguous layout, not {}", layout));
+    if (static_cast<int>(partition.size()) != ranks)
+      throw InputError(fmt::format("partition: has {} sizes for {} ranks (expected one per rank)", partition.size(),
+                                   ranks));
+    Index sum = 0;
+    for (Index n : partition) {
+      if (n < 0) throw InputError(fmt::format("partition: size {} is negative (expected sizes >= 0)", n));
+      sum += n;
+    }
+    if (sum != seq_len)
+      throw InputError(fmt::format("partition: sizes sum to {} but seq_len is {} (expected sum == seq_len)", sum,
+                                   seq_len));
+  }
+  const auto l = ringattn::core::Layout::make(kind, seq_len, ranks, partition);
+  const auto p = l.positions(rank);
+  py::array_t<std::int64_t> out(static_cast<py::ssize_t>(p.size()));
+  std::copy(p.begin(), p.end(), out.mutable_data());
+  return out;
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_ringattn, m) {
+  m.doc() = "ringattn's C++ runtime (use the ringattn package, not this module)";
+  if (import_mpi4py() < 0) throw py::error_already_set();
+  // Bad input: a ValueError with the library's one-line message, raised on every rank.
+  py::register_exception<InputError>(m, "InputError", PyExc_ValueError);
+  py::register_exception<ringattn::RuntimeFailure>(m, "RuntimeFailure", PyExc_RuntimeError);
+  m.def("positions", &positions, py::arg("seq_len"), py::arg("ranks"), py::arg("rank"), py::arg("layout"),
+        py::arg("partition"));
+  py::class_<Call>(m, "Call")
+      .def(py::init<py::object, Index, std::vector<Index>, std::vector<Index>, std::vector<Index>,
+                    std::vector<std::string>, std::string, bool, Index, std::vector<Index>, std::string,
+                    std::vector<Index>, std::optional<double>, std::optional<double>, std::string,
+                    std::optional<int>>())
+      .def_property_readonly("dtype", &Call::dtype)
+      .def_property_readonly("local_size", &Call::local_size)
+      .def("forward", &Call::forward)
+      .def("backward", &Call::backward);
+}

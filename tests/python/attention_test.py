@@ -1,0 +1,238 @@
+#!/usr/bin/python3
+"""ringattn.attention under mpirun against a whole-sequence PyTorch autograd reference.
+
+    PYTHONPATH=build/python mpirun -np N python3 tests/python/attention_test.py [-k NAME]
+
+Every rank builds the whole q, k, v, dO from one seed, computes the reference (float64 autograd
+over the whole sequence, mask materialised, no code shared with ringattn) and slices it to its
+own positions; it runs ringattn.attention on its shard and compares O, LSE, dq, dk, dv.
+Tolerances relative to max |ref|: f64 1e-10, f32 3e-4. Then the bad arguments: each must raise
+ringattn.InputError with the same message on every rank, and the next call must still work.
+Exit 0 only when every case passes on every rank.
+"""
+
+import argparse
+import math
+import sys
+import traceback
+
+import torch
+from mpi4py import MPI
+
+import ringattn
+
+TOL = {torch.float64: 1e-10, torch.float32: 3e-4}
+COMM = MPI.COMM_WORLD
+RANK, N = COMM.rank, COMM.size
+
+
+# ---- the reference ----------------------------------------------------------------------------
+
+def rope_ref(x, theta):
+    """Rotate-half RoPE of x [B, S, heads, D] at positions 0..S-1."""
+    B, S, Hx, D = x.shape
+    half = D // 2
+    inv = theta ** (-2.0 * torch.arange(half, dtype=torch.float64) / D)
+    ang = torch.arange(S, dtype=torch.float64)[:, None] * inv[None, :]  # [S, D/2]
+    cos, sin = torch.cos(ang)[None, :, None, :], torch.sin(ang)[None, :, None, :]
+    a, b = x[..., :half], x[..., half:]
+    return torch.cat([a * cos - b * sin, b * cos + a * sin], dim=-1)
+
+
+def visible(S, causal, window, doc_lens):
+    i = torch.arange(S)[:, None]
+    j = torch.arange(S)[None, :]
+    m = torch.ones(S, S, dtype=torch.bool)
+    if causal or window:
+        m &= j <= i
+    if window:
+        m &= j > i - window
+    if doc_lens:
+        doc = torch.repeat_interleave(torch.arange(len(doc_lens)), torch.tensor(doc_lens))
+        m &= doc[:, None] == doc[None, :]
+    return m
+
+
+def reference(q, k, v, causal=False, window=None, doc_lens=None, scale=None, rope=None):
+    """O [B, S, H, D], LSE [B, H, S] of whole float64 tensors (autograd-able)."""
+    B, S, H, D = q.shape
+    G = H // k.shape[2]
+    if rope is not None:
+        q, k = rope_ref(q, rope), rope_ref(k, rope)
+    kk, vv = k.repeat_interleave(G, dim=2), v.repeat_interleave(G, dim=2)
+    sc = (1.0 / math.sqrt(D)) if scale is None else scale
+    s = torch.einsum("bihd,bjhd->bhij", q, kk) * sc
+    s = s.masked_fill(~visible(S, causal, window, doc_lens), float("-inf"))
+    p = torch.softmax(s, dim=-1)
+    return torch.einsum("bhij,bjhd->bihd", p, vv), torch.logsumexp(s, dim=-1)
+
+
+# ---- one case ---------------------------------------------------------------------------------
+
+def rel_error(x, ref):
+    peak = ref.abs().max().item() if ref.numel() else 0.0
+    if x.numel() == 0:
+        return 0.0
+    err = (x.double() - ref).abs().max().item()
+    return err / max(peak, 1e-300) if math.isfinite(err) else math.inf
+
+
+def run_case(name, *, S, B=1, H=2, HKV=None, D=8, dtype=torch.float64, layout="contiguous",
+             partition=None, causal=False, window=None, doc_lens=None, scale=None, rope=None,
+             comm=COMM, noncontiguous=False, seed=0):
+    HKV = HKV or H
+    g = torch.Generator().manual_seed(seed)
+    full = [torch.randn(B, S, h, D, generator=g, dtype=torch.float64).to(dtype).double()
+            for h in (H, HKV, HKV, H)]
+    qf, kf, vf = (t.clone().requires_grad_(True) for t in full[:3])
+    dof = full[3]
+    o_ref, lse_ref = reference(qf, kf, vf, causal, window, doc_lens, scale, rope)
+    (o_ref * dof).sum().backward()
+
+    pos = torch.from_numpy(ringattn.positions(S, comm.size, comm.rank, layout, partition))
+    def mine(t):
+        return t[:, pos].detach().to(dtype)
+    if noncontiguous:  # [B, L, heads, D] views of [B, heads, L, D] storage
+        def mine(t):  # noqa: F811
+            return t[:, pos].detach().to(dtype).transpose(1, 2).contiguous().transpose(1, 2)
+    q, k, v = (mine(t).requires_grad_(True) for t in (qf, kf, vf))
+    if noncontiguous:
+        assert not q.is_contiguous()
+    o, lse = ringattn.attention_lse(q, k, v, seq_len=S, causal=causal, window=window,
+                                    doc_lens=doc_lens, layout=layout, partition=partition,
+                                    scale=scale, rope=rope, comm=comm)
+    assert o.dtype == dtype and o.shape == q.shape, (o.dtype, o.shape)
+    (o * mine(dof)).sum().backward()
+    errs = {
+        "o": rel_error(o.detach(), o_ref.detach()[:, pos]),
+        "lse": rel_error(lse, lse_ref.detach()[:, :, pos]),
+        "dq": rel_error(q.grad, qf.grad[:, pos]),
+        "dk": rel_error(k.grad, kf.grad[:, pos]),
+        "dv": rel_error(v.grad, vf.grad[:, pos]),
+    }
+    worst = comm.allreduce(max(errs.values()), op=MPI.MAX)
+    ok = worst <= TOL[dtype]
+    if comm.rank == 0:
+        print(f"{'ok ' if ok else 'BAD'} N={comm.size} {name:<46} max rel error {worst:.2e} "
+              f"(tol {TOL[dtype]:.0e})", flush=True)
+    return ok
+
+
+def cases():
+    """(name, kwargs): every layout x mask family, GQA, f32 and f64, RoPE, empty shards."""
+    out = []
+    for dtype, tag in ((torch.float64, "f64"), (torch.float32, "f32")):
+        for layout in ("contiguous", "striped", "zigzag"):
+            out += [
+                (f"{layout} full gqa h4kv2 b2 {tag}",
+                 dict(S=23, B=2, H=4, HKV=2, D=8, layout=layout, dtype=dtype)),
+                (f"{layout} causal gqa h4kv1 {tag}",
+                 dict(S=29, H=4, HKV=1, D=8, layout=layout, causal=True, dtype=dtype)),
+                (f"{layout} window 5 {tag}",
+                 dict(S=31, H=2, D=8, layout=layout, window=5, dtype=dtype)),
+                (f"{layout} documents causal {tag}",
+                 dict(S=27, H=2, HKV=1, D=8, layout=layout, causal=True, doc_lens=[9, 0, 11, 7],
+                      dtype=dtype)),
+                (f"{layout} documents full rope {tag}",
+                 dict(S=24, H=2, D=8, layout=layout, doc_lens=[10, 14], rope=10000.0, dtype=dtype)),
+            ]
+        out += [
+            (f"contiguous causal S=2 (empty shards at N=3) {tag}",
+             dict(S=2, H=2, D=4, causal=True, dtype=dtype)),
+            (f"partition, scale 0.3, non-contiguous {tag}",
+             dict(S=19, H=2, D=8, causal=True, scale=0.3, dtype=dtype, noncontiguous=True,
+                  partition=[19 - 7 * (N - 1)] + [7] * (N - 1))),
+        ]
+    return out
+
+
+# ---- bad arguments ----------------------------------------------------------------------------
+
+def expect_raise(name, fn, needle):
+    """fn() must raise ringattn.InputError on every rank with one message containing `needle`."""
+    msg = None
+    try:
+        fn()
+    except ringattn.InputError as e:
+        msg = str(e)
+    except Exception as e:  # anything else is a failure, but must not hang the others
+        msg = f"(not InputError) {type(e).__name__}: {e}"
+    msgs = COMM.allgather(msg)
+    ok = all(m is not None and not m.startswith("(not") for m in msgs) and len(set(msgs)) == 1 \
+        and needle in msgs[0] and "\n" not in msgs[0]
+    if RANK == 0:
+        print(f"{'ok ' if ok else 'BAD'} N={N} raises: {name:<38} {msgs[0]!r}"
+              + ("" if ok else f" (every rank: {msgs})"), flush=True)
+    return ok
+
+
+def bad_argument_cases():
+    S, H, D = 12, 4, 8
+    pos = ringattn.positions(S, N, RANK, "contiguous")
+    L = len(pos)
+    def t(L_, h, dtype=torch.float64):
+        return torch.randn(1, L_, h, D, dtype=dtype)
+    last = N - 1
+    out = [
+        ("wrong shard length (last rank)",
+         lambda: ringattn.attention(t(L + (RANK == last), H), t(L + (RANK == last), H),
+                                    t(L + (RANK == last), H), seq_len=S),
+         "positions"),
+        ("mismatched dtypes (rank 0)",
+         lambda: ringattn.attention(t(L, H), t(L, H, torch.float32 if RANK == 0 else torch.float64),
+                                    t(L, H), seq_len=S),
+         "differs from q's"),
+        ("H % HKV != 0",
+         lambda: ringattn.attention(t(L, H), t(L, 3), t(L, 3), seq_len=S),
+         "H % HKV == 0"),
+        ("unknown layout",
+         lambda: ringattn.attention(t(L, H), t(L, H), t(L, H), seq_len=S, layout="diagonal"),
+         "unknown layout"),
+        ("window not >= 1 (last rank)",
+         lambda: ringattn.attention(t(L, H), t(L, H), t(L, H), seq_len=S,
+                                    window=0 if RANK == last else None),
+         "window"),
+        ("integer tensors",
+         lambda: ringattn.attention(*(torch.zeros(1, L, H, D, dtype=torch.int64),) * 3, seq_len=S),
+         "not supported"),
+    ]
+    if N > 1:
+        out.append(("ranks disagree on causal",
+                    lambda: ringattn.attention(t(L, H), t(L, H), t(L, H), seq_len=S,
+                                               causal=(RANK == 0)),
+                    "ranks disagree on causal"))
+    return out
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("-k", default="", help="only cases whose name contains this")
+    a = p.parse_args()
+    torch.set_num_threads(1)
+    failed = 0
+    for name, kw in cases():
+        if a.k in name:
+            try:
+                failed += not run_case(name, seed=len(name), **kw)
+            except Exception:
+                traceback.print_exc()
+                COMM.Abort(1)  # a half-run case leaves peers in a collective
+    # A sub-communicator (every other rank): the same call inside it.
+    if N > 1 and "sub" in (a.k or "sub"):
+        sub = COMM.Split(RANK % 2, RANK)
+        failed += not run_case(f"sub-communicator of {sub.size} causal zigzag f64", S=21, H=2, D=8,
+                               causal=True, layout="zigzag", comm=sub)
+        sub.Free()
+    for name, fn, needle in bad_argument_cases():
+        if a.k in name or a.k == "":
+            failed += not expect_raise(name, fn, needle)
+    # The bad calls left nothing behind: a good call still works.
+    failed += not run_case("after the bad arguments", S=16, H=2, D=8, causal=True)
+    failed = COMM.allreduce(failed, op=MPI.SUM)
+    if RANK == 0:
+        print("all cases passed" if failed == 0 else f"{failed} failures (summed over ranks)")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
