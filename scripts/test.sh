@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Install what is missing, build, and run every test (unit, MPI at N=1..5, CLI, PyTorch), then
-# the core's unit tests cross-compiled for aarch64 under qemu (scripts/test_aarch64.sh; skipped
-# with RINGATTN_AARCH64=0). Extra arguments go to ctest (e.g. -L torch).
+# Install what is missing, build, and run every test (unit, MPI at N=1..5, CLI, PyTorch, the
+# installed package, the Python package), then the core's unit tests cross-compiled for aarch64
+# under qemu (scripts/test_aarch64.sh; skipped with RINGATTN_AARCH64=0). Extra arguments go to
+# ctest (e.g. -L torch).
 #   scripts/test.sh --sanitize [ctest args]: AddressSanitizer + UndefinedBehaviorSanitizer build
 #   in build-sanitize/ (RINGATTN_SANITIZE=ON), running the unit and MPI tests there.
 set -euo pipefail
@@ -10,7 +11,9 @@ bash "$ROOT/scripts/setup.sh"
 if [ "${1:-}" = "--sanitize" ]; then
   shift
   BUILD="$ROOT/build-sanitize"
-  build -DCMAKE_BUILD_TYPE=RelWithDebInfo -DRINGATTN_SANITIZE=ON -DRINGATTN_FUZZ=OFF -DRINGATTN_BENCHMARKS=OFF
+  # No Python package there: a sanitized extension loads only with libasan preloaded into python.
+  build -DCMAKE_BUILD_TYPE=RelWithDebInfo -DRINGATTN_SANITIZE=ON -DRINGATTN_FUZZ=OFF -DRINGATTN_BENCHMARKS=OFF \
+        -DRINGATTN_PYTHON=OFF
   # Any report fails the test: UBSan halts (the build also has -fno-sanitize-recover), ASan
   # exits non-zero. Open MPI's own allocations from MPI_Init are never freed: LeakSanitizer
   # skips stacks through Open MPI's libraries (tests/robust/lsan_openmpi.supp) and still

@@ -26,6 +26,7 @@ from ._ringattn import InputError, RuntimeFailure
 from ._ringattn import positions as _positions
 
 __all__ = ["positions", "attention", "attention_lse", "InputError", "RuntimeFailure"]
+InputError.__module__ = RuntimeFailure.__module__ = "ringattn"  # ringattn.InputError in tracebacks
 
 _TORCH_NAME = {torch.float32: "float32", torch.float64: "float64"}
 _ACCUM = {"f32": torch.float32, "f64": torch.float64}  # storage dtype -> O, LSE and gradients
@@ -56,7 +57,7 @@ def _int_or_none(name, x, low):
     if isinstance(x, bool) or not isinstance(x, numbers.Integral):
         raise ValueError(f"{name}: {x!r} is not an integer")
     if int(x) < low:
-        raise ValueError(f"{name}: {int(x)} is not >= {low}")
+        raise ValueError(f"{name}: {int(x)} is not >= {low} (expected an integer >= {low}, or None)")
     return int(x)
 
 
@@ -83,6 +84,8 @@ def _plan(q, k, v, seq_len, causal, window, doc_lens, layout, partition, scale, 
     """The call's plan, agreed on by every rank (collective over `comm`)."""
     if comm is None:
         comm = MPI.COMM_WORLD
+    if not isinstance(comm, MPI.Comm):  # no communicator to agree on: this rank alone raises
+        raise TypeError(f"comm: a {type(comm).__name__}, not an mpi4py communicator")
     shapes, dtypes, error = [], [], ""
     for name, t in (("q", q), ("k", k), ("v", v)):
         s, d, e = _describe(name, t)
@@ -93,9 +96,9 @@ def _plan(q, k, v, seq_len, causal, window, doc_lens, layout, partition, scale, 
     args = dict(seq_len=1, window=0, doc_lens=[], layout="contiguous", partition=[], scale=None,
                 rope=None, strategy="ring", ulysses_degree=None)
     try:
-        args["seq_len"] = _int_or_none("seq_len", seq_len, 1)
-        if args["seq_len"] is None:
+        if seq_len is None:
             raise ValueError("seq_len: needed (the total sequence length S over all ranks)")
+        args["seq_len"] = _int_or_none("seq_len", seq_len, 1)
         args["window"] = _int_or_none("window", window, 1) or 0
         args["doc_lens"] = _int_list("doc_lens", doc_lens)
         args["partition"] = _int_list("partition", partition)

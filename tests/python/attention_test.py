@@ -79,7 +79,7 @@ def rel_error(x, ref):
 
 def run_case(name, *, S, B=1, H=2, HKV=None, D=8, dtype=torch.float64, layout="contiguous",
              partition=None, causal=False, window=None, doc_lens=None, scale=None, rope=None,
-             comm=COMM, noncontiguous=False, seed=0):
+             strategy="ring", comm=COMM, noncontiguous=False, seed=0):
     HKV = HKV or H
     g = torch.Generator().manual_seed(seed)
     full = [torch.randn(B, S, h, D, generator=g, dtype=torch.float64).to(dtype).double()
@@ -100,7 +100,7 @@ def run_case(name, *, S, B=1, H=2, HKV=None, D=8, dtype=torch.float64, layout="c
         assert not q.is_contiguous()
     o, lse = ringattn.attention_lse(q, k, v, seq_len=S, causal=causal, window=window,
                                     doc_lens=doc_lens, layout=layout, partition=partition,
-                                    scale=scale, rope=rope, comm=comm)
+                                    scale=scale, rope=rope, strategy=strategy, comm=comm)
     assert o.dtype == dtype and o.shape == q.shape, (o.dtype, o.shape)
     (o * mine(dof)).sum().backward()
     errs = {
@@ -113,6 +113,8 @@ def run_case(name, *, S, B=1, H=2, HKV=None, D=8, dtype=torch.float64, layout="c
     worst = comm.allreduce(max(errs.values()), op=MPI.MAX)
     ok = worst <= TOL[dtype]
     if comm.rank == 0:
+        if strategy != "ring":
+            name = f"{strategy}: {name}"
         print(f"{'ok ' if ok else 'BAD'} N={comm.size} {name:<46} max rel error {worst:.2e} "
               f"(tol {TOL[dtype]:.0e})", flush=True)
     return ok
@@ -144,6 +146,31 @@ def cases():
                   partition=[19 - 7 * (N - 1)] + [7] * (N - 1))),
         ]
     return out
+
+
+def other_strategies():
+    """The head-parallel strategies this build accepts (an unknown name is refused on every rank)."""
+    out = []
+    for strategy in ("ulysses",):
+        t = torch.zeros(1, len(ringattn.positions(2 * N, N, RANK)), N, 2, dtype=torch.float64)
+        try:
+            ringattn.attention(t, t, t, seq_len=2 * N, strategy=strategy)
+            out.append(strategy)
+        except ringattn.InputError as e:
+            if "unknown strategy" not in str(e):
+                out.append(strategy)
+    return out
+
+
+def run_strategy_case(strategy, name, kw):
+    """A case under a head-parallel strategy; a shape the strategy refuses (InputError on every
+    rank) is reported as skipped, a wrong result fails."""
+    try:
+        return run_case(name, seed=len(name), strategy=strategy, **kw)
+    except ringattn.InputError as e:
+        if RANK == 0:
+            print(f"--  N={N} {strategy}: {name:<37} skipped: {e}", flush=True)
+        return True
 
 
 # ---- bad arguments ----------------------------------------------------------------------------
@@ -217,6 +244,11 @@ def main():
             except Exception:
                 traceback.print_exc()
                 COMM.Abort(1)  # a half-run case leaves peers in a collective
+    # Head-parallel strategies, once built in: the cases whose heads spread over the ranks.
+    for strategy in other_strategies():
+        for name, kw in cases():
+            if a.k in name and kw["H"] % N == 0 and kw.get("HKV", kw["H"]) % N == 0:
+                failed += not run_strategy_case(strategy, name, kw)
     # A sub-communicator (every other rank): the same call inside it.
     if N > 1 and "sub" in (a.k or "sub"):
         sub = COMM.Split(RANK % 2, RANK)
