@@ -9,11 +9,14 @@
 #include <pybind11/stl.h>
 
 #include <cstdint>
+#include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "ringattn/ringattn.hpp"
 #include "ringattn/runtime/agreement.hpp"
@@ -67,6 +70,63 @@ std::span<T> view(std::uintptr_t ptr, Index n) {
   return {reinterpret_cast<T*>(ptr), static_cast<std::size_t>(n)};
 }
 
+// Plans kept for reuse. A training step calls attention with the same plan every step; building
+// one (duplicating the communicator, agreeing, allocating the strategy's buffers) costs
+// milliseconds, so a call whose backward has finished leaves its plan here for the next call with
+// the same arguments. The ranks reuse only together: every rank looks up its own cache, and one
+// all-reduce over the caller's communicator confirms that all of them found the plan built by the
+// same collective construction (the same shared arguments and the same build number). Otherwise
+// every rank builds a new plan the checked way.
+struct Plan {
+  std::string shared;  // the arguments every rank holds the same
+  std::string local;   // this rank's own: its communicator's handle, its shard's shape
+  std::uint64_t build = 0;  // the n-th plan built with these shared arguments (the same on every rank)
+  std::unique_ptr<ringattn::Attention> att;
+};
+
+class PlanCache {
+ public:
+  static constexpr std::size_t kMaxIdle = 8;
+  // The idle plan of the lowest build number for these arguments whose communicator is still
+  // the caller's (same group, same order), or nothing.
+  std::optional<Plan> take(const std::string& shared, const std::string& local, MPI_Comm caller) {
+    auto best = idle_.end();
+    for (auto it = idle_.begin(); it != idle_.end(); ++it) {
+      if (it->shared != shared || it->local != local) continue;
+      int same = MPI_UNEQUAL;
+      MPI_Comm_compare(caller, reinterpret_cast<MPI_Comm>(it->att->comm().native()), &same);
+      if (same != MPI_CONGRUENT && same != MPI_IDENT) continue;
+      if (best == idle_.end() || it->build < best->build) best = it;
+    }
+    if (best == idle_.end()) return std::nullopt;
+    Plan p = std::move(*best);
+    idle_.erase(best);
+    return p;
+  }
+  void give_back(Plan p) {
+    idle_.push_back(std::move(p));
+    if (idle_.size() > kMaxIdle) idle_.erase(idle_.begin());  // the longest idle
+  }
+  std::uint64_t next_build(const std::string& shared) { return builds_[shared]++; }
+  void clear() { idle_.clear(); }
+  std::size_t hits = 0;
+
+ private:
+  std::vector<Plan> idle_;
+  std::map<std::string, std::uint64_t> builds_;
+};
+
+PlanCache& plans() {
+  static PlanCache* c = new PlanCache;  // never destroyed: its communicators may outlive MPI
+  return *c;
+}
+
+std::uint64_t digest(const std::string& s, std::uint64_t build) {
+  std::uint64_t h = 1469598103934665603ull ^ build;
+  for (unsigned char ch : s) h = (h ^ ch) * 1099511628211ull;
+  return h;
+}
+
 // One attention call on this rank, from the forward to the backward.
 class Call {
  public:
@@ -77,15 +137,7 @@ class Call {
       : q_(std::move(q)), k_(std::move(k)) {
     MPI_Comm* mpi = PyMPIComm_Get(comm.ptr());
     if (!mpi) throw py::error_already_set();
-    ringattn::comm::Comm c = ringattn::comm::Comm::duplicate_of(mpi);  // collective over `comm`
     ringattn::AttentionOptions o;
-    ringattn::runtime::agreed(c, [&] {
-      if (!local_error.empty()) throw InputError(local_error);
-      check_tensors(q_, k_, v, dtypes);
-      if (seq_len < 1) throw InputError(fmt::format("seq_len: {} is not a positive length (expected >= 1)", seq_len));
-      o.shape = ringattn::core::Shape{q_[0], seq_len, q_[2], k_[2], q_[3]};
-      o.dtype = storage_dtype(dtypes[0]);
-    });
     o.layout = std::move(layout);
     o.partition = std::move(partition);
     o.causal = causal;
@@ -95,33 +147,79 @@ class Call {
     o.rope_theta = rope;
     o.strategy = std::move(strategy);
     o.ulysses_degree = ulysses_degree;
-    att_.emplace(std::move(c), o);  // collective: options checked and agreed on
-    const ringattn::core::Layout& l = att_->layout();
-    ringattn::runtime::agreed(att_->comm(), [&] {
-      if (q_[1] != att_->local_size())
+    int size = 1;
+    MPI_Comm_size(*mpi, &size);
+    const std::string shared = fmt::format(
+        "N={} S={} B={} H={} HKV={} D={} {} causal={} window={} docs={} {} part={} scale={} rope={} {} U={}", size,
+        seq_len, q_.size() == 4 ? q_[0] : -1,
+        q_.size() == 4 ? q_[2] : -1, k_.size() == 4 ? k_[2] : -1, q_.size() == 4 ? q_[3] : -1, fmt::join(dtypes, ","),
+        causal, window, fmt::join(o.doc_lens, ","), o.layout, fmt::join(o.partition, ","),
+        scale ? fmt::format("{:a}", *scale) : "-", rope ? fmt::format("{:a}", *rope) : "-", o.strategy,
+        ulysses_degree.value_or(0));
+    // The communicator's handle differs between processes: it is this rank's own part of the key.
+    const std::string local = fmt::format("{:x} {}/{}/{}", reinterpret_cast<std::uintptr_t>(*mpi), shape_text(q_),
+                                          shape_text(k_), shape_text(v));
+
+    // Reuse only when every rank found the same plan: min(found), and min/max of the digests.
+    std::optional<Plan> cached;
+    if (local_error.empty()) cached = plans().take(shared, local, *mpi);
+    const std::uint64_t d = cached ? digest(shared, cached->build) : 0;
+    std::uint64_t agree[3] = {cached ? 1u : 0u, d, ~d};
+    MPI_Allreduce(MPI_IN_PLACE, agree, 3, MPI_UINT64_T, MPI_MIN, *mpi);
+    if (agree[0] == 1 && agree[1] == ~agree[2]) {
+      plan_ = std::move(*cached);
+      ++plans().hits;
+      return;
+    }
+    if (cached) plans().give_back(std::move(*cached));  // not every rank has it: build anew, checked
+
+    ringattn::comm::Comm c = ringattn::comm::Comm::duplicate_of(mpi);  // collective over `comm`
+    ringattn::runtime::agreed(c, [&] {
+      if (!local_error.empty()) throw InputError(local_error);
+      check_tensors(q_, k_, v, dtypes);
+      if (seq_len < 1) throw InputError(fmt::format("seq_len: {} is not a positive length (expected >= 1)", seq_len));
+      o.shape = ringattn::core::Shape{q_[0], seq_len, q_[2], k_[2], q_[3]};
+      o.dtype = storage_dtype(dtypes[0]);
+    });
+    auto att = std::make_unique<ringattn::Attention>(std::move(c), o);  // collective: checked and agreed on
+    const ringattn::core::Layout& l = att->layout();
+    ringattn::runtime::agreed(att->comm(), [&] {
+      if (q_[1] != att->local_size())
         throw InputError(fmt::format(
             "q: rank {} holds L = {} positions, but the {} layout of seq_len = {} over {} ranks gives it {} (expected "
             "q [B, {}, H, D]; ringattn.positions({}, {}, {}, layout='{}') lists them)",
-            att_->rank(), q_[1], ringattn::core::layout_name(l.kind()), seq_len, att_->ranks(), att_->local_size(),
-            att_->local_size(), seq_len, att_->ranks(), att_->rank(), ringattn::core::layout_name(l.kind())));
+            att->rank(), q_[1], ringattn::core::layout_name(l.kind()), seq_len, att->ranks(), att->local_size(),
+            att->local_size(), seq_len, att->ranks(), att->rank(), ringattn::core::layout_name(l.kind())));
     });
+    plan_ = Plan{shared, local, plans().next_build(shared), std::move(att)};
   }
 
-  std::string dtype() const { return ringattn::core::dtype_name(att_->dtype()); }
-  Index local_size() const { return att_->local_size(); }
+  Call(const Call&) = delete;
+  Call& operator=(const Call&) = delete;
+  // A plan whose last pass completed goes back for reuse.
+  ~Call() {
+    if (plan_.att && clean_) plans().give_back(std::move(plan_));
+  }
+
+  std::string dtype() const { return ringattn::core::dtype_name(plan_.att->dtype()); }
+  Index local_size() const { return plan_.att->local_size(); }
 
   // q, k, v in the storage dtype; o [B, L, H, D] and lse [B, H, L] in the accumulation dtype.
   void forward(std::uintptr_t q, std::uintptr_t k, std::uintptr_t v, std::uintptr_t o, std::uintptr_t lse) {
     py::gil_scoped_release unlocked;
-    if (att_->dtype() == ringattn::core::DType::f64) run_forward<double, double>(q, k, v, o, lse);
+    clean_ = false;  // until the pass completes on this rank
+    if (plan_.att->dtype() == ringattn::core::DType::f64) run_forward<double, double>(q, k, v, o, lse);
     else run_forward<float, float>(q, k, v, o, lse);
+    clean_ = true;
   }
 
   // dout in the storage dtype; dq, dk, dv in the accumulation dtype.
   void backward(std::uintptr_t dout, std::uintptr_t dq, std::uintptr_t dk, std::uintptr_t dv) {
     py::gil_scoped_release unlocked;
-    if (att_->dtype() == ringattn::core::DType::f64) run_backward<double, double>(dout, dq, dk, dv);
+    clean_ = false;
+    if (plan_.att->dtype() == ringattn::core::DType::f64) run_backward<double, double>(dout, dq, dk, dv);
     else run_backward<float, float>(dout, dq, dk, dv);
+    clean_ = true;
   }
 
  private:
@@ -130,26 +228,27 @@ class Call {
 
   template <class S, class A>
   void run_forward(std::uintptr_t q, std::uintptr_t k, std::uintptr_t v, std::uintptr_t o, std::uintptr_t lse) {
-    att_->load(view<const S>(q, q_elems()), view<const S>(k, kv_elems()), view<const S>(v, kv_elems()));
-    att_->forward();
+    plan_.att->load(view<const S>(q, q_elems()), view<const S>(k, kv_elems()), view<const S>(v, kv_elems()));
+    plan_.att->forward();
     ringattn::Outputs<A> out;
     out.o = view<A>(o, q_elems());
     out.lse = view<A>(lse, q_[0] * q_[2] * q_[1]);
-    att_->outputs(out);
+    plan_.att->outputs(out);
   }
 
   template <class S, class A>
   void run_backward(std::uintptr_t dout, std::uintptr_t dq, std::uintptr_t dk, std::uintptr_t dv) {
-    att_->backward(view<const S>(dout, q_elems()));
+    plan_.att->backward(view<const S>(dout, q_elems()));
     ringattn::Outputs<A> out;
     out.dq = view<A>(dq, q_elems());
     out.dk = view<A>(dk, kv_elems());
     out.dv = view<A>(dv, kv_elems());
-    att_->outputs(out);
+    plan_.att->outputs(out);
   }
 
   std::vector<Index> q_, k_;
-  std::optional<ringattn::Attention> att_;
+  Plan plan_;
+  bool clean_ = true;  // no pass left half-done on this rank
 };
 
 py::array_t<std::int64_t> positions(Index seq_len, int ranks, int rank, const std::string& layout,
@@ -194,6 +293,9 @@ PYBIND11_MODULE(_ringattn, m) {
   py::register_exception<ringattn::RuntimeFailure>(m, "RuntimeFailure", PyExc_RuntimeError);
   m.def("positions", &positions, py::arg("seq_len"), py::arg("ranks"), py::arg("rank"), py::arg("layout"),
         py::arg("partition"));
+  // Plans kept for reuse: how many calls reused one, and dropping them (their buffers).
+  m.def("plans_reused", [] { return plans().hits; });
+  m.def("release_plans", [] { plans().clear(); });
   py::class_<Call>(m, "Call")
       .def(py::init<py::object, Index, std::vector<Index>, std::vector<Index>, std::vector<Index>,
                     std::vector<std::string>, std::string, bool, Index, std::vector<Index>, std::string,

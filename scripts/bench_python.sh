@@ -26,9 +26,10 @@ echo "S=$SEQ H=$HEADS D=$HEAD_DIM B=1 f32 non-causal contiguous, N=2, forward + 
      "after 1 warm-up; $ROUNDS rounds"
 for r in $(seq 1 "$ROUNDS"); do
   mpirun -np 2 --bind-to core "$BIN" run --seq "$SEQ" --heads "$HEADS" --head-dim "$HEAD_DIM" --layout contiguous \
-    --iters "$ITERS" --warmup 1 --report "$tmp/cli_$r.json" >/dev/null
+    --iters "$ITERS" --warmup 1 --report "$tmp/cli_$r.json" >/dev/null 2>"$tmp/err" || { cat "$tmp/err" >&2; exit 1; }
   PYTHONPATH="$BUILD/python" mpirun -np 2 --bind-to core /usr/bin/python3 "$ROOT/tests/bench/python_attention.py" \
-    --seq "$SEQ" --heads "$HEADS" --head-dim "$HEAD_DIM" --iters "$ITERS" --warmup 1 >"$tmp/py_$r.json"
+    --seq "$SEQ" --heads "$HEADS" --head-dim "$HEAD_DIM" --iters "$ITERS" --warmup 1 >"$tmp/py_$r.json" 2>"$tmp/err" \
+    || { cat "$tmp/err" >&2; exit 1; }
   echo "  round $r/$ROUNDS done" >&2
 done
 /usr/bin/python3 - "$tmp" "$ROUNDS" <<'PY'

@@ -20,6 +20,7 @@ import torch
 from mpi4py import MPI
 
 import ringattn
+from ringattn import _ringattn
 
 TOL = {torch.float64: 1e-10, torch.float32: 3e-4}
 COMM = MPI.COMM_WORLD
@@ -79,7 +80,7 @@ def rel_error(x, ref):
 
 def run_case(name, *, S, B=1, H=2, HKV=None, D=8, dtype=torch.float64, layout="contiguous",
              partition=None, causal=False, window=None, doc_lens=None, scale=None, rope=None,
-             strategy="ring", comm=COMM, noncontiguous=False, seed=0):
+             strategy="ring", comm=COMM, noncontiguous=False, seed=0, expect_reuse=None, hold_plan_on=None):
     HKV = HKV or H
     g = torch.Generator().manual_seed(seed)
     full = [torch.randn(B, S, h, D, generator=g, dtype=torch.float64).to(dtype).double()
@@ -98,9 +99,16 @@ def run_case(name, *, S, B=1, H=2, HKV=None, D=8, dtype=torch.float64, layout="c
     q, k, v = (mine(t).requires_grad_(True) for t in (qf, kf, vf))
     if noncontiguous:
         assert not q.is_contiguous()
-    o, lse = ringattn.attention_lse(q, k, v, seq_len=S, causal=causal, window=window,
-                                    doc_lens=doc_lens, layout=layout, partition=partition,
-                                    scale=scale, rope=rope, strategy=strategy, comm=comm)
+    args = dict(seq_len=S, causal=causal, window=window, doc_lens=doc_lens, layout=layout,
+                partition=partition, scale=scale, rope=rope, strategy=strategy, comm=comm)
+    busy = None
+    if hold_plan_on is not None:  # the same call first, its plan kept busy on one rank only
+        o_busy = ringattn.attention(q, k, v, **args)
+        busy = o_busy if comm.rank == hold_plan_on else None
+        del o_busy
+    reused = _ringattn.plans_reused()
+    o, lse = ringattn.attention_lse(q, k, v, **args)
+    reused = _ringattn.plans_reused() - reused
     assert o.dtype == dtype and o.shape == q.shape, (o.dtype, o.shape)
     (o * mine(dof)).sum().backward()
     errs = {
@@ -112,6 +120,11 @@ def run_case(name, *, S, B=1, H=2, HKV=None, D=8, dtype=torch.float64, layout="c
     }
     worst = comm.allreduce(max(errs.values()), op=MPI.MAX)
     ok = worst <= TOL[dtype]
+    if expect_reuse is not None:  # every rank reused the kept plan, or none did
+        reuse_ok = comm.allreduce(int((reused > 0) == expect_reuse), op=MPI.MIN) == 1
+        name += f" (plan reused: {'yes' if reused else 'no'}, expected {'yes' if expect_reuse else 'no'})"
+        ok = ok and reuse_ok
+    del busy
     if comm.rank == 0:
         if strategy != "ring":
             name = f"{strategy}: {name}"
@@ -255,6 +268,12 @@ def main():
         failed += not run_case(f"sub-communicator of {sub.size} causal zigzag f64", S=21, H=2, D=8,
                                causal=True, layout="zigzag", comm=sub)
         sub.Free()
+    # A plan is reused by the next identical call, on every rank or on none.
+    same = dict(S=20, B=2, H=4, HKV=2, D=8, causal=True, layout="zigzag", rope=500.0)
+    failed += not run_case("reuse: a first call", **same)
+    failed += not run_case("reuse: the same call again", expect_reuse=True, **same)
+    if N > 1:
+        failed += not run_case("reuse: rank 0's plan still busy", expect_reuse=False, hold_plan_on=0, **same)
     for name, fn, needle in bad_argument_cases():
         if a.k in name or a.k == "":
             failed += not expect_raise(name, fn, needle)
