@@ -131,9 +131,10 @@ struct Base<double> {
 
 // ---- operands ------------------------------------------------------------------------------------
 
+// An operand in the accumulation type (bf16 and f16 widen exactly to float).
 template <class A, class S>
 HWY_INLINE A widen(S x) {
-  return static_cast<A>(x);
+  return value_cast<A>(x);
 }
 
 // dst[i, :] = alpha * src[i, :] for n rows of D (row stride D both).
@@ -604,26 +605,24 @@ double fma_peak_impl(double seconds) {
 
 // ---- what the dispatch calls ------------------------------------------------------------------
 
-Work ForwardF32(const QueryShard<float>& q, const KVBlock<float>& kv, const Mask& m, float s, OnlineState<float> st,
-                Workspace<float>& ws, Progress p) {
-  return forward_impl<float, float>(q, kv, m, s, st, ws, p);
-}
-Work ForwardF64(const QueryShard<double>& q, const KVBlock<double>& kv, const Mask& m, double s,
-                OnlineState<double> st, Workspace<double>& ws, Progress p) {
-  return forward_impl<double, double>(q, kv, m, s, st, ws, p);
-}
-Work BackwardF32(const GradQueryShard<float>& g, const KVBlock<float>& kv, const Mask& m, float s, float* dk,
-                 float* dv, Workspace<float>& ws, Progress p) {
-  return backward_impl<float, float>(g, kv, m, s, dk, dv, ws, p);
-}
-Work BackwardF64(const GradQueryShard<double>& g, const KVBlock<double>& kv, const Mask& m, double s, double* dk,
-                 double* dv, Workspace<double>& ws, Progress p) {
-  return backward_impl<double, double>(g, kv, m, s, dk, dv, ws, p);
-}
-void DeltaF32(const Packing& pk, const float* dout, const float* o, float* delta) { delta_impl(pk, dout, o, delta); }
-void DeltaF64(const Packing& pk, const double* dout, const double* o, double* delta) {
-  delta_impl(pk, dout, o, delta);
-}
+// One entry point per storage type and pass; bf16 and f16 compute in float.
+#define RINGATTN_ENTRY_POINTS(NAME, S)                                                                        \
+  Work Forward##NAME(const QueryShard<S>& q, const KVBlock<S>& kv, const Mask& m, accum_t<S> s,               \
+                     OnlineState<accum_t<S>> st, Workspace<accum_t<S>>& ws, Progress p) {                     \
+    return forward_impl<S, accum_t<S>>(q, kv, m, s, st, ws, p);                                               \
+  }                                                                                                           \
+  Work Backward##NAME(const GradQueryShard<S>& g, const KVBlock<S>& kv, const Mask& m, accum_t<S> s,          \
+                      accum_t<S>* dk, accum_t<S>* dv, Workspace<accum_t<S>>& ws, Progress p) {                \
+    return backward_impl<S, accum_t<S>>(g, kv, m, s, dk, dv, ws, p);                                          \
+  }                                                                                                           \
+  void Delta##NAME(const Packing& pk, const S* dout, const accum_t<S>* o, accum_t<S>* delta) {                \
+    delta_impl(pk, dout, o, delta);                                                                           \
+  }
+RINGATTN_ENTRY_POINTS(F32, float)
+RINGATTN_ENTRY_POINTS(F64, double)
+RINGATTN_ENTRY_POINTS(BF16, bf16)
+RINGATTN_ENTRY_POINTS(F16, f16)
+#undef RINGATTN_ENTRY_POINTS
 double FmaPeak(bool f64, double seconds) {
   return f64 ? fma_peak_impl<double>(seconds) : fma_peak_impl<float>(seconds);
 }
@@ -639,37 +638,45 @@ HWY_AFTER_NAMESPACE();
 
 #if HWY_ONCE
 namespace ringattn::core {
-HWY_EXPORT(ForwardF32);
-HWY_EXPORT(ForwardF64);
-HWY_EXPORT(BackwardF32);
-HWY_EXPORT(BackwardF64);
-HWY_EXPORT(DeltaF32);
-HWY_EXPORT(DeltaF64);
-HWY_EXPORT(FmaPeak);
-HWY_EXPORT(TargetName);
-HWY_EXPORT(ColumnBlock);
-HWY_EXPORT(DefaultTiling);
+// Overloads per storage type that call the best target's entry point.
+#define RINGATTN_EXPORT(NAME, S)                                                                              \
+  HWY_EXPORT(Forward##NAME);                                                                                  \
+  HWY_EXPORT(Backward##NAME);                                                                                 \
+  HWY_EXPORT(Delta##NAME);                                                                                    \
+  Work dispatch_forward(const QueryShard<S>& q, const KVBlock<S>& kv, const Mask& mask, accum_t<S> scale,     \
+                        OnlineState<accum_t<S>> st, Workspace<accum_t<S>>& ws, Progress progress) {           \
+    return HWY_DYNAMIC_DISPATCH(Forward##NAME)(q, kv, mask, scale, st, ws, progress);                        \
+  }                                                                                                           \
+  Work dispatch_backward(const GradQueryShard<S>& g, const KVBlock<S>& kv, const Mask& mask, accum_t<S> scale, \
+                         accum_t<S>* dk, accum_t<S>* dv, Workspace<accum_t<S>>& ws, Progress progress) {      \
+    return HWY_DYNAMIC_DISPATCH(Backward##NAME)(g, kv, mask, scale, dk, dv, ws, progress);                   \
+  }                                                                                                           \
+  void dispatch_delta(const Packing& pk, const S* dout, const accum_t<S>* o, accum_t<S>* delta) {             \
+    HWY_DYNAMIC_DISPATCH(Delta##NAME)(pk, dout, o, delta);                                                    \
+  }
+namespace {
+RINGATTN_EXPORT(F32, float)
+RINGATTN_EXPORT(F64, double)
+RINGATTN_EXPORT(BF16, bf16)
+RINGATTN_EXPORT(F16, f16)
+}  // namespace
+#undef RINGATTN_EXPORT
 
 template <class S>
 Work block_forward(const QueryShard<S>& q, const KVBlock<S>& kv, const Mask& mask, accum_t<S> scale,
                    OnlineState<accum_t<S>> st, Workspace<accum_t<S>>& ws, Progress progress) {
-  if constexpr (std::is_same_v<S, double>)
-    return HWY_DYNAMIC_DISPATCH(ForwardF64)(q, kv, mask, scale, st, ws, progress);
-  else return HWY_DYNAMIC_DISPATCH(ForwardF32)(q, kv, mask, scale, st, ws, progress);
+  return dispatch_forward(q, kv, mask, scale, st, ws, progress);
 }
 
 template <class S>
 Work block_backward(const GradQueryShard<S>& g, const KVBlock<S>& kv, const Mask& mask, accum_t<S> scale,
                     accum_t<S>* dk, accum_t<S>* dv, Workspace<accum_t<S>>& ws, Progress progress) {
-  if constexpr (std::is_same_v<S, double>)
-    return HWY_DYNAMIC_DISPATCH(BackwardF64)(g, kv, mask, scale, dk, dv, ws, progress);
-  else return HWY_DYNAMIC_DISPATCH(BackwardF32)(g, kv, mask, scale, dk, dv, ws, progress);
+  return dispatch_backward(g, kv, mask, scale, dk, dv, ws, progress);
 }
 
 template <class S>
 void compute_delta(const Packing& pk, const S* dout, const accum_t<S>* o, accum_t<S>* delta) {
-  if constexpr (std::is_same_v<S, double>) HWY_DYNAMIC_DISPATCH(DeltaF64)(pk, dout, o, delta);
-  else HWY_DYNAMIC_DISPATCH(DeltaF32)(pk, dout, o, delta);
+  dispatch_delta(pk, dout, o, delta);
 }
 
 #define RINGATTN_INSTANTIATE(S)                                                                                   \
@@ -680,7 +687,14 @@ void compute_delta(const Packing& pk, const S* dout, const accum_t<S>* o, accum_
   template void compute_delta<S>(const Packing&, const S*, const accum_t<S>*, accum_t<S>*);
 RINGATTN_INSTANTIATE(float)
 RINGATTN_INSTANTIATE(double)
+RINGATTN_INSTANTIATE(bf16)
+RINGATTN_INSTANTIATE(f16)
 #undef RINGATTN_INSTANTIATE
+
+HWY_EXPORT(FmaPeak);
+HWY_EXPORT(TargetName);
+HWY_EXPORT(ColumnBlock);
+HWY_EXPORT(DefaultTiling);
 
 namespace simd {
 

@@ -1,5 +1,7 @@
 #include "ringattn/core/inputs.hpp"
 
+#include "ringattn/core/half.hpp"
+
 namespace ringattn::core {
 
 static std::uint64_t splitmix64(std::uint64_t x) {
@@ -26,7 +28,7 @@ void generate_positions(std::uint64_t seed, InputTensor t, Index outer, Index S,
       for (Index p = 0; p < run.length; ++p) {
         const Index global = (a * S + run.global_begin + p) * inner;
         T* dst = out + (a * L + run.local_begin + p) * inner;
-        for (Index e = 0; e < inner; ++e) dst[e] = static_cast<T>(input_value(seed, t, global + e));
+        for (Index e = 0; e < inner; ++e) dst[e] = value_cast<T>(input_value(seed, t, global + e));
       }
 }
 
@@ -34,5 +36,10 @@ template void generate_positions<float>(std::uint64_t, InputTensor, Index, Index
                                         float*);
 template void generate_positions<double>(std::uint64_t, InputTensor, Index, Index, Index, std::span<const Run>, Index,
                                          double*);
+
+template void generate_positions<bf16>(std::uint64_t, InputTensor, Index, Index, Index, std::span<const Run>, Index,
+                                       bf16*);
+template void generate_positions<f16>(std::uint64_t, InputTensor, Index, Index, Index, std::span<const Run>, Index,
+                                      f16*);
 
 }  // namespace ringattn::core

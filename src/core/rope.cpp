@@ -42,9 +42,9 @@ void Rope::rotate(Index B, Index heads, T* x, double sign) const {
       for (Index h = 0; h < heads; ++h) {
         T* row = x + ((b * L_ + l) * heads + h) * D_;
         for (Index i = 0; i < half; ++i) {
-          const double x1 = double(row[i]), x2 = double(row[i + half]), sn = sign * s[i];
-          row[i] = static_cast<T>(x1 * c[i] - x2 * sn);
-          row[i + half] = static_cast<T>(x2 * c[i] + x1 * sn);
+          const double x1 = value_cast<double>(row[i]), x2 = value_cast<double>(row[i + half]), sn = sign * s[i];
+          row[i] = value_cast<T>(x1 * c[i] - x2 * sn);
+          row[i + half] = value_cast<T>(x2 * c[i] + x1 * sn);
         }
       }
     }
@@ -65,6 +65,8 @@ template void Rope::forward<float>(Index, Index, float*) const;
 template void Rope::forward<double>(Index, Index, double*) const;
 template void Rope::backward<float>(Index, Index, float*) const;
 template void Rope::backward<double>(Index, Index, double*) const;
+template void Rope::forward<bf16>(Index, Index, bf16*) const;
+template void Rope::forward<f16>(Index, Index, f16*) const;
 
 template <class T>
 ShardRope<T>::ShardRope(double theta, const Shape& s, std::span<const Index> positions, const T* q, const T* k)
@@ -77,12 +79,14 @@ ShardRope<T>::ShardRope(double theta, const Shape& s, std::span<const Index> pos
 }
 
 template <class T>
-void ShardRope<T>::backward(T* dq, T* dk) const {
+void ShardRope<T>::backward(accum_t<T>* dq, accum_t<T>* dk) const {
   rope_.backward(B_, H_, dq);
   rope_.backward(B_, HKV_, dk);
 }
 
 template class ShardRope<float>;
 template class ShardRope<double>;
+template class ShardRope<bf16>;
+template class ShardRope<f16>;
 
 }  // namespace ringattn::core

@@ -26,7 +26,7 @@ using core::Index;
 using core::Run;
 
 static_assert(std::endian::native == std::endian::little,
-              "npy I/O copies '<f4'/'<f8' bytes as they are: it needs a little-endian host");
+              "npy I/O copies '<f2'/'<f4'/'<f8' bytes as they are: it needs a little-endian host");
 
 using namespace detail;
 
@@ -172,7 +172,7 @@ void read_as(int fd, const std::string& path, std::size_t data_offset, Index fil
     for (Index done = 0; done < count; done += kStageElems) {
       const Index n = std::min(kStageElems, count - done);
       chunk(stage.data(), done, n);
-      std::transform(stage.begin(), stage.begin() + n, dst + done, [](FileT x) { return static_cast<T>(x); });
+      std::transform(stage.begin(), stage.begin() + n, dst + done, [](FileT x) { return core::value_cast<T>(x); });
     }
   }
 }
@@ -187,7 +187,7 @@ void write_as(int fd, const std::string& path, std::size_t data_offset, Index fi
     stage.resize(static_cast<std::size_t>(std::min(count, kStageElems)));
     for (Index done = 0; done < count; done += kStageElems) {
       const Index n = std::min(kStageElems, count - done);
-      std::transform(src + done, src + done + n, stage.begin(), [](T x) { return static_cast<FileT>(x); });
+      std::transform(src + done, src + done + n, stage.begin(), [](T x) { return core::value_cast<FileT>(x); });
       pwrite_full(fd, stage.data(), static_cast<std::size_t>(n) * sizeof(FileT),
                   offset + static_cast<std::uint64_t>(done) * sizeof(FileT), path);
     }
@@ -205,6 +205,19 @@ Fd open_for_read(const std::string& path) {
   return fd;
 }
 
+// Calls run((FileT*)nullptr) with the element type files of dtype hold ('<f2' is f16; bf16 has
+// no numpy type).
+template <class Run>
+void file_type(DType dtype, const std::string& path, Run&& run) {
+  switch (dtype) {
+    case DType::f32: return run(static_cast<float*>(nullptr));
+    case DType::f64: return run(static_cast<double*>(nullptr));
+    case DType::f16: return run(static_cast<core::f16*>(nullptr));
+    case DType::bf16: break;
+  }
+  throw RuntimeFailure(fmt::format("{}: bf16 has no .npy type (expected f16, f32 or f64 files)", path));
+}
+
 // Reads all segments of a file with dtype FileT into out as T.
 template <class T>
 void read_segments(const std::string& path, const NpyHeader& h, const Geometry& g, std::span<const Run> runs,
@@ -216,11 +229,7 @@ void read_segments(const std::string& path, const NpyHeader& h, const Geometry& 
       read_as<FileT, T>(fd.get(), path, h.data_offset, f, n, out + b, stage);
     });
   };
-  if (h.dtype == DType::f32) {
-    run(static_cast<float*>(nullptr));
-  } else {
-    run(static_cast<double*>(nullptr));
-  }
+  file_type(h.dtype, path, run);
 }
 
 // Opens a file made by create_npy and checks its header is the one we would write.
@@ -247,11 +256,7 @@ void write_segments(int fd, const std::string& path, DType dtype, std::size_t da
       write_as<FileT, T>(fd, path, data_offset, f, n, data + b, stage);
     });
   };
-  if (dtype == DType::f32) {
-    run(static_cast<float*>(nullptr));
-  } else {
-    run(static_cast<double*>(nullptr));
-  }
+  file_type(dtype, path, run);
 }
 
 Fd create_file(const std::string& path, DType dtype, const std::vector<Index>& shape, std::string* header) {
@@ -370,6 +375,8 @@ void write_npy(const std::string& path, DType dtype, const std::vector<Index>& s
 
 RINGATTN_NPY_INSTANTIATE(float)
 RINGATTN_NPY_INSTANTIATE(double)
+RINGATTN_NPY_INSTANTIATE(core::bf16)
+RINGATTN_NPY_INSTANTIATE(core::f16)
 #undef RINGATTN_NPY_INSTANTIATE
 
 }  // namespace ringattn::io

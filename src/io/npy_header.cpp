@@ -205,11 +205,12 @@ class HeaderParser {
   }
 
   DType parse_descr() {
-    constexpr std::string_view expected = "'<f4' or '<f8', little-endian float32 or float64";
+    constexpr std::string_view expected = "'<f2', '<f4' or '<f8', little-endian float16, float32 or float64";
     if (peek() != '\'' && peek() != '"') {
       bad_input(name_, fmt::format("descr '{}' is not a simple type string", printable(s_.substr(i_), 16)), expected);
     }
     const std::string_view d = parse_string(expected);
+    if (d == "<f2") return DType::f16;
     if (d == "<f4") return DType::f32;
     if (d == "<f8") return DType::f64;
     bad_input(name_, fmt::format("unsupported descr '{}'", printable(d)), expected);
@@ -291,7 +292,15 @@ class HeaderParser {
 
 using namespace detail;
 
-std::string npy_descr(DType dtype) { return dtype == DType::f32 ? "<f4" : "<f8"; }
+std::string npy_descr(DType dtype) {
+  switch (dtype) {
+    case DType::f32: return "<f4";
+    case DType::f64: return "<f8";
+    case DType::f16: return "<f2";
+    case DType::bf16: break;
+  }
+  return "bf16";  // no numpy type: only named in messages, never written
+}
 
 std::string describe(DType dtype, const std::vector<Index>& shape) {
   return fmt::format("{} {}", npy_descr(dtype), shape_repr(shape));

@@ -60,9 +60,17 @@ class AttentionJob final : public Job {
       out.push_back(output("dk", kv, 1, dk_, true));
       out.push_back(output("dv", kv, 1, dv_, true));
     }
-    if (!p_.inputs.from_files())  // the inputs as used, so anyone can recompute the reference
-      for (std::size_t t = 0; t < p_.inputs.specs.size(); ++t)
-        out.push_back(output(p_.inputs.specs[t].name, p_.inputs.specs[t].shape, 1, in_[t], false));
+    // The inputs as used (16-bit ones as f32 files), so anyone can recompute the reference.
+    if (!p_.inputs.from_files() || p_.inputs.rounded)
+      for (std::size_t t = 0; t < p_.inputs.specs.size(); ++t) {
+        if constexpr (core::is_half_v<S>) {
+          used_[t].resize(in_[t].size());
+          std::transform(in_[t].begin(), in_[t].end(), used_[t].begin(), [](S x) { return core::to_float(x); });
+          out.push_back(output(p_.inputs.specs[t].name, p_.inputs.specs[t].shape, 1, used_[t], false));
+        } else {
+          out.push_back(output(p_.inputs.specs[t].name, p_.inputs.specs[t].shape, 1, in_[t], false));
+        }
+      }
     return out;
   }
 
@@ -73,7 +81,7 @@ class AttentionJob final : public Job {
     std::vector<A> o(s.B * L * s.H * s.D);
     strategy_->outputs(o.data(), nullptr, nullptr, nullptr, nullptr);
     double loss = 0;  // sum dout . O, accumulated in double
-    for (std::size_t n = 0; n < o.size(); ++n) loss += double(in_[3][n]) * double(o[n]);
+    for (std::size_t n = 0; n < o.size(); ++n) loss += core::value_cast<double>(in_[3][n]) * double(o[n]);
     return loss;
   }
 
@@ -129,6 +137,7 @@ class AttentionJob final : public Job {
   std::unique_ptr<Strategy<S>> strategy_;
   PassStats pf_, pb_;
   mutable std::vector<A> o_, lse_, dq_, dk_, dv_;
+  mutable std::vector<float> used_[4];  // 16-bit inputs widened for their files
 };
 
 }  // namespace
@@ -140,5 +149,7 @@ std::unique_ptr<Job> make_attention_job(const comm::Comm& comm, const JobConfig&
 
 template std::unique_ptr<Job> make_attention_job<float>(const comm::Comm&, const JobConfig&, const JobPlan&);
 template std::unique_ptr<Job> make_attention_job<double>(const comm::Comm&, const JobConfig&, const JobPlan&);
+template std::unique_ptr<Job> make_attention_job<core::bf16>(const comm::Comm&, const JobConfig&, const JobPlan&);
+template std::unique_ptr<Job> make_attention_job<core::f16>(const comm::Comm&, const JobConfig&, const JobPlan&);
 
 }  // namespace ringattn::runtime

@@ -82,7 +82,7 @@ void check_finite(const std::vector<T>& x, const TensorSpec& spec, const core::L
   const Index L = whole ? 1 : layout.size(rank), S = whole ? 1 : layout.seq(), inner = spec.inner();
   const auto pos = layout.positions(rank);
   for (Index n = 0; n < static_cast<Index>(x.size()); ++n) {
-    if (std::isfinite(static_cast<double>(x[n]))) continue;
+    if (std::isfinite(core::value_cast<double>(x[n]))) continue;
     Index flat = n;
     if (!whole) {
       const Index a = n / (L * inner), i = (n / inner) % L, e = n % inner;
@@ -94,7 +94,7 @@ void check_finite(const std::vector<T>& x, const TensorSpec& spec, const core::L
       flat /= spec.shape[d];
     }
     throw InputError(fmt::format("{}: non-finite value {} at index {} (expected finite inputs)", file,
-                                 static_cast<double>(x[n]), shape_str(idx)));
+                                 core::value_cast<double>(x[n]), shape_str(idx)));
   }
 }
 
@@ -113,7 +113,7 @@ void generate(const InputPlan& plan, const TensorSpec& spec, std::span<const cor
   }
   std::vector<double> g(n);
   core::generate_positions<double>(plan.seed, spec.id, outer, S, inner, r, whole ? S : L, g.data());
-  for (Index e = 0; e < n; ++e) out[e] = static_cast<T>(g[e] * spec.gen_scale);
+  for (Index e = 0; e < n; ++e) out[e] = core::value_cast<T>(g[e] * spec.gen_scale);
 }
 
 }  // namespace
@@ -126,7 +126,7 @@ std::vector<std::vector<T>> load_inputs(const InputPlan& plan, const core::Layou
   for (std::size_t t = 0; t < plan.specs.size(); ++t) {
     const TensorSpec& spec = plan.specs[t];
     std::vector<T>& dst = out[t];
-    dst.assign(spec.local_elems(L), T(0));
+    dst.assign(spec.local_elems(L), T{});
     if (!plan.from_files()) {
       generate<T>(plan, spec, runs, L, dst.data());
       continue;
@@ -148,14 +148,16 @@ std::vector<double> global_input(const InputPlan& plan, const TensorSpec& spec) 
   if (plan.from_files()) {
     if (!plan.headers[t]) return std::vector<double>(n, 0.0);
     std::vector<double> g = io::read_npy<double>(plan.path(spec), *plan.headers[t]);
-    for (double& x : g) x = static_cast<double>(static_cast<T>(x));  // as the ranks hold them
+    for (double& x : g) x = core::value_cast<double>(core::value_cast<T>(x));  // as the ranks hold them
     return g;
   }
   std::vector<T> local(n);
   const Index S = spec.pos_axis == kWhole ? 1 : spec.shape[spec.pos_axis];
   const core::Run all{0, 0, S};
   generate<T>(plan, spec, {&all, 1}, S, local.data());
-  return std::vector<double>(local.begin(), local.end());
+  std::vector<double> g(n);
+  std::transform(local.begin(), local.end(), g.begin(), [](T x) { return core::value_cast<double>(x); });
+  return g;
 }
 
 double MemoryPlan::total() const {
@@ -206,5 +208,9 @@ template std::vector<std::vector<float>> load_inputs<float>(const InputPlan&, co
 template std::vector<std::vector<double>> load_inputs<double>(const InputPlan&, const core::Layout&, int);
 template std::vector<double> global_input<float>(const InputPlan&, const TensorSpec&);
 template std::vector<double> global_input<double>(const InputPlan&, const TensorSpec&);
+template std::vector<std::vector<core::bf16>> load_inputs<core::bf16>(const InputPlan&, const core::Layout&, int);
+template std::vector<std::vector<core::f16>> load_inputs<core::f16>(const InputPlan&, const core::Layout&, int);
+template std::vector<double> global_input<core::bf16>(const InputPlan&, const TensorSpec&);
+template std::vector<double> global_input<core::f16>(const InputPlan&, const TensorSpec&);
 
 }  // namespace ringattn::runtime

@@ -19,7 +19,7 @@ namespace ringattn::runtime {
 using core::DType;
 using core::Shape;
 
-double check_tolerance(DType t) { return t == DType::f64 ? 1e-10 : 3e-4; }
+double check_tolerance(DType t) { return t == DType::f64 ? 1e-10 : 3e-4; }  // bf16, f16: f32 arithmetic
 
 std::string path_in(const std::string& dir, const std::string& file) {
   return (std::filesystem::path(dir) / file).string();
@@ -72,7 +72,9 @@ namespace {
 DType dtype_from_option(const std::string& name) {
   if (name.empty() || name == "f32") return DType::f32;
   if (name == "f64") return DType::f64;
-  throw InputError(fmt::format("--dtype: unknown dtype '{}' (expected f32 or f64)", name));
+  if (name == "bf16") return DType::bf16;
+  if (name == "f16") return DType::f16;
+  throw InputError(fmt::format("--dtype: unknown dtype '{}' (expected bf16, f16, f32 or f64)", name));
 }
 
 // Attention mode: q, k, v, dout [B, S, heads, D].
@@ -182,7 +184,7 @@ std::string memory_culprit(const JobConfig& c, const JobPlan& p) {
 // in double: an absurd shape must be refused, not overflow.
 MemoryPlan memory_plan(const JobConfig& c, const JobPlan& p, int N, Index Lmax) {
   const Shape& s = p.shape;
-  const double es = double(core::dtype_size(p.dtype)), ea = es;  // storage and accumulation (f32/f64)
+  const double es = double(core::dtype_size(p.dtype)), ea = double(core::dtype_size(core::accum_dtype(p.dtype)));
   const double B = double(s.B), H = double(s.H), HKV = double(s.HKV), D = double(s.D), S = double(s.S);
   const double L = double(Lmax), M = double(p.model_dim);
   MemoryPlan m;
@@ -191,7 +193,7 @@ MemoryPlan memory_plan(const JobConfig& c, const JobPlan& p, int N, Index Lmax) 
   // The ring's shards, two remote K/V buffers, state, gradient buffers and tile scratch.
   const double block = 2 * B * HKV * D * L, q = B * H * D * L, rows = B * H * L;
   double ring = es * (q + block) + ea * (3 * rows + q) + (N > 1 ? es * 2 * block : 0.0);
-  if (c.backward) ring += es * q + ea * (rows + q + block) + (N > 1 ? ea * 4 * block : 0.0);
+  if (c.backward) ring += es * q + ea * (rows + q + block) + (N > 1 ? ea * 3 * block : 0.0);
   const core::Tiling t = core::resolve_tiling(c.tiling, s.D, std::min<Index>(Lmax, Index(1) << 40), s.G());
   ring += double(p.dtype == DType::f64 ? core::Workspace<double>::bytes(t, s.D)
                                        : core::Workspace<float>::bytes(t, s.D));
@@ -241,13 +243,27 @@ JobPlan make_plan(const JobConfig& c, int N) {
     agree_opt(c.seq, p.shape.S, "--seq");
     agree_opt(c.batch, p.shape.B, "--batch");
     agree_opt(c.kv_heads, p.shape.HKV, "--kv-heads");
-    if (!c.dtype.empty() && dtype_from_option(c.dtype) != p.dtype)
-      throw InputError(fmt::format("--dtype {} contradicts the input files, which are {}", c.dtype,
-                                   core::dtype_name(p.dtype)));
+    // Another dtype than the files': values are converted on load, rounded to nearest even when
+    // the new type is narrower (or another 16-bit kind); the inputs as used are then written out.
+    if (!c.dtype.empty()) {
+      const DType files = p.dtype;
+      p.dtype = dtype_from_option(c.dtype);
+      p.inputs.rounded = p.dtype != files && core::dtype_size(p.dtype) <= core::dtype_size(files);
+    }
   }
   if (c.layer && p.model_dim < 1) throw InputError(fmt::format("--model-dim: {} is not >= 1", p.model_dim));
   p.shape.validate();
   if (c.rope) core::validate_rope(*c.rope, p.shape.D);
+  const bool half = p.dtype == DType::bf16 || p.dtype == DType::f16;
+  if (half && c.layer)
+    throw InputError(fmt::format("--layer: not supported with --dtype {} (the projections' Q, K and V would be rounded "
+                                 "to {} between the GEMMs and the attention, which no reference here models; "
+                                 "expected --dtype f32 or f64 with --layer)", core::dtype_name(p.dtype),
+                                 core::dtype_name(p.dtype)));
+  if (half && c.rope)
+    throw InputError(fmt::format("--rope: not supported with --dtype {} (the rotated q and k would be rounded to {} "
+                                 "again; expected --dtype f32 or f64 with --rope)", core::dtype_name(p.dtype),
+                                 core::dtype_name(p.dtype)));
   if (c.layer) layer_specs(p);
   else attention_specs(p);
 

@@ -26,7 +26,7 @@ const S* storage(const core::AlignedVector<A>& x, core::AlignedVector<S>& copy) 
     return x.data();
   } else {
     copy.resize(x.size());
-    std::transform(x.begin(), x.end(), copy.begin(), [](A v) { return static_cast<S>(v); });
+    std::transform(x.begin(), x.end(), copy.begin(), [](A v) { return core::value_cast<S>(v); });
     return copy.data();
   }
 }
@@ -208,5 +208,7 @@ LayerStats Layer<S>::backward() {
 
 template class Layer<float>;
 template class Layer<double>;
+template class Layer<core::bf16>;
+template class Layer<core::f16>;
 
 }  // namespace ringattn::runtime

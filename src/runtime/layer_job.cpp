@@ -262,5 +262,7 @@ std::unique_ptr<LayerJobBase> make_layer_job(const comm::Comm& comm, const JobCo
 
 template std::unique_ptr<LayerJobBase> make_layer_job<float>(const comm::Comm&, const JobConfig&, const JobPlan&);
 template std::unique_ptr<LayerJobBase> make_layer_job<double>(const comm::Comm&, const JobConfig&, const JobPlan&);
+template std::unique_ptr<LayerJobBase> make_layer_job<core::bf16>(const comm::Comm&, const JobConfig&, const JobPlan&);
+template std::unique_ptr<LayerJobBase> make_layer_job<core::f16>(const comm::Comm&, const JobConfig&, const JobPlan&);
 
 }  // namespace ringattn::runtime

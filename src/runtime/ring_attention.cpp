@@ -60,7 +60,7 @@ template <class T>
 Index RingAttention<T>::resident_bytes() const {
   auto bytes = [](const auto&... v) { return ((Index(v.size()) * Index(sizeof(v[0]))) + ...); };
   return bytes(q_, kv_own_, dout_, kv_buf_[0], kv_buf_[1]) +
-         bytes(m_, l_, lse_, acc_, delta_, dq_, dkv_own_, grad_send_[0], grad_send_[1], grad_recv_[0], grad_recv_[1]) +
+         bytes(m_, l_, lse_, acc_, delta_, dq_, dkv_own_, grad_send_[0], grad_send_[1], grad_recv_) +
          core::Workspace<A>::bytes(ws_.tiling, ws_.D);
 }
 
@@ -76,7 +76,7 @@ Index RingAttention<T>::planned_bytes(const StrategySetup& setup, int r, bool ba
   if (N > 1) bytes += es * 2 * block;                               // the two remote K/V buffers
   if (backward) {
     bytes += es * q * L + ea * (rows * L + q * L + own);  // dout; delta, dq, own dK/dV
-    if (N > 1) bytes += ea * (2 * block + 2 * own);       // gradient send and receive buffers
+    if (N > 1) bytes += ea * (2 * block + own);           // gradient send buffers, the receive buffer
   }
   const core::Tiling t = core::resolve_tiling(setup.tiling, sh.D, l.max_size(), sh.G());
   return bytes + core::Workspace<A>::bytes(t, sh.D);
@@ -95,7 +95,7 @@ void RingAttention<T>::allocate_backward() {
   dkv_own_.resize(own);
   if (N_ > 1) {
     for (auto* v : {&grad_send_[0], &grad_send_[1]}) v->resize(max_block);
-    for (auto* v : {&grad_recv_[0], &grad_recv_[1]}) v->resize(own);
+    grad_recv_.resize(own);
   }
 }
 
@@ -189,7 +189,10 @@ PassStats RingAttention<T>::backward() {
   // Gradient transfers of step j complete at the end of step j+1, so they overlap compute.
   comm::Exchange gx0(comm_), gx1(comm_);
   comm::Exchange* gx[2] = {&gx0, &gx1};
-  bool pending[2] = {false, false};  // a contribution is arriving in grad_recv_[slot]
+  // A contribution computed in step j is sent as step j ends and travels during step j+1, while
+  // the next one is computed into the other send buffer; the owner receives it into its one
+  // receive buffer (posted once the previous contribution is summed) and sums it as step j+1 ends.
+  bool pending[2] = {false, false};  // a contribution of the step of this parity is arriving
   auto finish_grads = [&](int step) {  // the owner sums contributions in step order
     const int slot = step % 2;
     const double w = gx[slot]->wait([&] {
@@ -200,7 +203,7 @@ PassStats RingAttention<T>::backward() {
       pending[slot] = false;
       if (obs_) obs_->grad_received(step, (r_ + step) % N_, own_elems);
       if (step != s_.hooks.drop_grad_step) {
-        const A* src = grad_recv_[slot].data();
+        const A* src = grad_recv_.data();
         for (Index e = 0; e < own_elems; ++e) dkv_own_[e] += src[e];
       }
     }
@@ -223,13 +226,6 @@ PassStats RingAttention<T>::backward() {
       kvx.isend(cur, send * sizeof(T), comm_.next(), kTagReplay);
       ledger_.replay_kv_send_elems += send;
       rec.bytes += send * static_cast<Index>(sizeof(T));
-    }
-    const int source = (r_ + j) % N_;  // the rank whose contribution to our block is due now
-    if (j > 0 && plan_.returns_grad(source, j)) {
-      gx[j % 2]->irecv(grad_recv_[j % 2].data(), own_elems * sizeof(A), source, kTagGrad);
-      pending[j % 2] = true;
-      ledger_.grad_recv_elems += own_elems;
-      rec.bytes += own_elems * static_cast<Index>(sizeof(A));
     }
     // Own block: accumulate straight into our dK/dV; a remote one: into a send buffer.
     const bool returns = j > 0 && plan_.returns_grad(r_, j);
@@ -258,6 +254,13 @@ PassStats RingAttention<T>::backward() {
                          plan_.steps() - 1, plan_.owner(r_, j + 1), comm_.prev());
     });
     if (j >= 2) rec.wait_s += finish_grads(j - 1);
+    const int source = (r_ + j) % N_;  // the rank whose contribution to our block was computed now
+    if (j > 0 && plan_.returns_grad(source, j)) {
+      gx[j % 2]->irecv(grad_recv_.data(), own_elems * sizeof(A), source, kTagGrad);
+      pending[j % 2] = true;
+      ledger_.grad_recv_elems += own_elems;
+      rec.bytes += own_elems * static_cast<Index>(sizeof(A));
+    }
     if (plan_.receives(r_, j + 1)) cur = kv_buf_[j % 2].data();
     ps.compute_s += rec.compute_s;
     ps.wait_s += rec.wait_s;
@@ -293,5 +296,7 @@ void RingAttention<T>::outputs(A* o, A* lse, A* dq, A* dk, A* dv) const {
 
 template class RingAttention<float>;
 template class RingAttention<double>;
+template class RingAttention<core::bf16>;
+template class RingAttention<core::f16>;
 
 }  // namespace ringattn::runtime

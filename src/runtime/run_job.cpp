@@ -62,8 +62,7 @@ RunResult run_job(comm::Comm& comm, const JobConfig& c) {
     for (std::size_t t = 0; t < p.inputs.specs.size(); ++t)
       if (p.inputs.headers[t]) paths.inputs.push_back(p.inputs.path(p.inputs.specs[t]));
   StagedOutputs staged(comm, paths);  // every output path checked before anything is computed
-  RunResult res = p.dtype == core::DType::f64 ? run_typed<double>(comm, c, p, staged)
-                                              : run_typed<float>(comm, c, p, staged);
+  RunResult res = core::with_storage(p.dtype, [&]<class S>() { return run_typed<S>(comm, c, p, staged); });
   res.facts = JobFacts{p.shape,    p.dtype,   p.mask.describe(), core::layout_name(p.layout.kind()),
                        strategy_name(p.strategy), comm.size(), c.iters, c.backward, c.layer, p.mask.causal(),
                        p.model_dim, c.rope};

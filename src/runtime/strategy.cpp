@@ -28,5 +28,7 @@ std::unique_ptr<Strategy<S>> make_strategy(const comm::Comm& comm, const Strateg
 
 template std::unique_ptr<Strategy<float>> make_strategy<float>(const comm::Comm&, const StrategySetup&);
 template std::unique_ptr<Strategy<double>> make_strategy<double>(const comm::Comm&, const StrategySetup&);
+template std::unique_ptr<Strategy<core::bf16>> make_strategy<core::bf16>(const comm::Comm&, const StrategySetup&);
+template std::unique_ptr<Strategy<core::f16>> make_strategy<core::f16>(const comm::Comm&, const StrategySetup&);
 
 }  // namespace ringattn::runtime

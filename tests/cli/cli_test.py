@@ -157,7 +157,7 @@ def test_bad_input_exits_2():
             "negative partition": base + ["--partition", "17,-1"],
             "H not a multiple of HKV": base + ["--kv-heads", 3],
             "unknown layout": base + ["--layout", "diagonal"],
-            "unknown dtype": base + ["--dtype", "f16"],
+            "unknown dtype": base + ["--dtype", "int8"],
             "unknown option": base + ["--frobnicate"],
             "zero sequence": ["run", "--seq", 0],
             "window zero": base + ["--window", 0],
@@ -282,6 +282,46 @@ def test_simd_target():
         best = rep["config"]["simd"] if rep else None
         check(bool(runnable) and best == runnable[0], f"without RINGATTN_SIMD the best target runs: {best} "
               f"(runnable, best first: {runnable})")
+
+
+def test_bf16_bytes():
+    """A bf16 run moves K/V at 2 bytes and gradient returns at 4: recv_bytes = 2 x (forward + replay
+    K/V elements) + 4 x gradient elements on every rank, the forward's K/V bytes are what
+    `plan --bytes 2` counts, and its memory budget is at most 0.8x the f32 run's."""
+    shape = ["--seq", 64, "--heads", 4, "--kv-heads", 2, "--head-dim", 16]
+    with tempfile.TemporaryDirectory() as d:
+        reps = {}
+        for dt in ("bf16", "f32"):
+            p = ringattn(4, "run", *shape, "--dtype", dt, "--check", "--report", f"{d}/{dt}.json")
+            check(p.returncode == 0, f"{dt} run at N=4 passes --check (exit {p.returncode}: {p.stderr[-300:]})")
+            reps[dt] = json.load(open(f"{d}/{dt}.json")) if p.returncode == 0 else None
+        if not all(reps.values()):
+            return
+        plan = json.loads(run([ARGS.binary, "plan", "--json", "--ranks", 4, "--bytes", 2, *shape]).stdout)
+        for r in reps["bf16"]["ranks"]:
+            led = r["ledger"]
+            kv = led["fwd_kv_recv_elems"] + led["replay_kv_recv_elems"]
+            want = 2 * kv + 4 * led["grad_recv_elems"]
+            check(led["recv_bytes"] == want, f"rank {r['rank']}: recv_bytes {led['recv_bytes']} == 2*{kv} + "
+                  f"4*{led['grad_recv_elems']} = {want}")
+            sent = 2 * (led["fwd_kv_send_elems"] + led["replay_kv_send_elems"]) + 4 * led["grad_send_elems"]
+            check(led["send_bytes"] == sent, f"rank {r['rank']}: send_bytes {led['send_bytes']} == {sent}")
+            check(2 * led["fwd_kv_recv_elems"] == plan["recv_bytes"],
+                  f"rank {r['rank']}: forward K/V bytes {2 * led['fwd_kv_recv_elems']} == plan --bytes 2's "
+                  f"{plan['recv_bytes']}")
+        check(reps["bf16"]["config"]["dtype"] == "bf16", f"config.dtype {reps['bf16']['config']['dtype']}")
+        # The memory: at a shape where the shards, not the fixed tile scratch, are what a rank holds.
+        big = ["--seq", 4096, "--heads", 4, "--kv-heads", 2, "--head-dim", 64, "--causal", "--iters", 1, "--warmup", 0]
+        for dt in ("bf16", "f32"):
+            p = ringattn(2, "run", *big, "--dtype", dt, "--report", f"{d}/{dt}.json")
+            check(p.returncode == 0, f"{dt} run at S=4096, N=2 (exit {p.returncode}: {p.stderr[-300:]})")
+            reps[dt] = json.load(open(f"{d}/{dt}.json")) if p.returncode == 0 else None
+        if not all(reps.values()):
+            return
+        for a, b in zip(reps["bf16"]["ranks"], reps["f32"]["ranks"]):
+            ratio = a["memory"]["budget_bytes"] / b["memory"]["budget_bytes"]
+            check(ratio <= 0.8, f"rank {a['rank']}: bf16 budget {a['memory']['budget_bytes']} is {ratio:.3f} of "
+                  f"f32's {b['memory']['budget_bytes']} (at most 0.8)")
 
 
 if __name__ == "__main__":

@@ -182,7 +182,9 @@ CASES = [
     # unsupported dtype or order
     Case("npy_dtype_i4", INPUTS, ["q.npy", "<i4"], resave("q.npy", lambda x: x.astype("<i4"))),
     Case("npy_dtype_big_endian_f8", INPUTS, ["k.npy", ">f8"], resave("k.npy", lambda x: x.astype(">f8"))),
-    Case("npy_dtype_f2", INPUTS, ["v.npy", "<f2"], resave("v.npy", lambda x: x.astype("<f2"))),
+    Case("npy_dtype_bool", INPUTS, ["v.npy", "|b1"], resave("v.npy", lambda x: x > 0)),
+    Case("npy_dtype_complex", INPUTS, ["dout.npy", "<c8"], resave("dout.npy", lambda x: x.astype("<c8"))),
+    Case("npy_dtype_u2", INPUTS, ["k.npy", "<u2"], resave("k.npy", lambda x: x.astype("<u2"))),
     Case("npy_fortran_order", INPUTS, ["q.npy", "ortran"], resave("q.npy", np.asfortranarray)),
     # wrong rank of tensor
     Case("npy_wrong_rank_3d", INPUTS, ["q.npy", "dimensions"], resave("q.npy", lambda x: x.reshape(B, S, H * D))),
@@ -207,7 +209,13 @@ CASES = [
     Case("shape_option_overflows", ["--seq", 2**40, "--heads", 2**30, "--head-dim", 2**30],
          [("--seq", "--heads", "--head-dim", "S=")]),
     Case("seq_option_contradicts_files", INPUTS + ["--seq", 32], ["--seq"], inputs_with(lambda inp: None)),
-    Case("dtype_option_contradicts_files", INPUTS + ["--dtype", "f64"], ["--dtype"], inputs_with(lambda inp: None)),
+    # another --dtype than the files' is a conversion on load, not an error; 16-bit files still
+    # must all be alike
+    Case("dtype_f2_and_f4_files_mixed", INPUTS + ["--dtype", "bf16"], ["k.npy", "<f2"],
+         resave("k.npy", lambda x: x.astype("<f2"))),
+    Case("rope_with_bf16", SMALL + ["--dtype", "bf16", "--rope", "10000"], ["--rope", "bf16"]),
+    Case("layer_with_f16", ["--layer", "--seq", 16, "--model-dim", 8, "--dtype", "f16"], ["--layer", "f16"]),
+    Case("nan_in_f16_file", INPUTS, ["q.npy", "[0, 2, 0, 1]"], set_value("q.npy", (0, 2, 0, 1), np.nan, np.float16)),
     # non-finite values, naming the tensor and the index
     Case("nan_in_q", INPUTS, ["q.npy", "[0, 3, 1, 2]"], set_value("q.npy", (0, 3, 1, 2), np.nan)),
     # position 12 is on rank 1 only (contiguous 8+8): rank 0 never sees it, every rank must agree
@@ -224,7 +232,7 @@ CASES = [
     Case("doc_lens_wrong_sum", SMALL + ["--doc-lens", "5,5"], ["--doc-lens"]),
     Case("doc_lens_negative", SMALL + ["--doc-lens", "20,-4"], ["--doc-lens"]),
     Case("unknown_layout", SMALL + ["--layout", "diagonal"], ["--layout", "diagonal"]),
-    Case("unknown_dtype", SMALL + ["--dtype", "f16"], ["--dtype", "f16"]),
+    Case("unknown_dtype", SMALL + ["--dtype", "fp8"], ["--dtype", "fp8"]),
     Case("unknown_option", SMALL + ["--frobnicate"], ["--frobnicate"]),
     Case("non_numeric_seq", ["--seq", "lots"], ["--seq"]),
     Case("window_zero", SMALL + ["--window", 0], ["--window"]),

@@ -6,6 +6,13 @@ compares o, lse, dq, dk, dv with a float64 torch autograd reference that shares
 no code with ringattn. Exit 0 when every tensor is within tolerance, 1 otherwise
 (including a failed or timed-out run, missing or malformed outputs, NaN or inf).
 
+bf16 and f16 runs are compared with the float64 reference computed on the rounded inputs
+(torch's own `.to(torch.bfloat16)` / `.to(torch.float16)` of the files' values), and the
+rounded inputs ringattn writes to --out must equal torch's rounding bit for bit. `--np` may list
+several N (one run each on the same inputs), with `--flat-in-n` asserting that the error does
+not grow with N, and `--emulate-bf16-partials` printing what rounding each per-block partial
+result to bf16 before summing it would give (what ring implementations that sum bf16 partials do).
+
 Example:
   /usr/bin/python3 torch_check.py --binary build/ringattn --np 3 --seq 37 \
       --batch 2 --heads 4 --kv-heads 2 --head-dim 16 --dtype f32 --causal \
@@ -27,8 +34,10 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from harness import MPI_ENV  # noqa: E402
 
-TOLERANCE = {"f32": 3e-4, "f64": 1e-10}
-NUMPY_DTYPE = {"f32": np.dtype("<f4"), "f64": np.dtype("<f8")}
+TOLERANCE = {"f32": 3e-4, "f64": 1e-10, "bf16": 2e-5, "f16": 2e-5}
+NUMPY_DTYPE = {"f16": np.dtype("<f2"), "f32": np.dtype("<f4"), "f64": np.dtype("<f8")}
+OUTPUT_DTYPE = {"f32": np.dtype("<f4"), "f64": np.dtype("<f8"), "bf16": np.dtype("<f4"), "f16": np.dtype("<f4")}
+TORCH_DTYPE = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32, "f64": torch.float64}
 
 
 def int_list(text):
@@ -43,13 +52,22 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--binary", required=True, help="path to the ringattn executable")
-    p.add_argument("--np", type=int, required=True, dest="nranks", help="MPI ranks N")
+    p.add_argument("--np", type=int_list, required=True, dest="nranks_list",
+                   help="MPI ranks N (a list runs each N on the same inputs)")
     p.add_argument("--seq", type=int, required=True, help="total positions S")
     p.add_argument("--batch", type=int, default=1, help="batch B")
     p.add_argument("--heads", type=int, default=1, help="query heads H")
     p.add_argument("--kv-heads", type=int, default=None, help="key/value heads HKV (default H)")
     p.add_argument("--head-dim", type=int, default=16, help="head dim D")
     p.add_argument("--dtype", choices=sorted(TOLERANCE), default="f64")
+    p.add_argument("--file-dtype", choices=sorted(NUMPY_DTYPE), default=None,
+                   help="dtype of the input files (default: --dtype, f64 for bf16); when it differs "
+                        "from --dtype, ringattn gets --dtype and rounds on load")
+    p.add_argument("--flat-in-n", action="store_true",
+                   help="also fail when an error at some N exceeds 3x its error at the first N "
+                        "(plus 1e-6, float32's rounding noise)")
+    p.add_argument("--emulate-bf16-partials", action="store_true",
+                   help="print the error of summing per-block partials rounded to bf16 at each N")
     p.add_argument("--causal", action="store_true")
     p.add_argument("--partition", type=int_list, default=None, help="n0,n1,... (contiguous)")
     p.add_argument("--layout", choices=["contiguous", "striped", "zigzag"], default=None)
@@ -69,7 +87,12 @@ def parse_args(argv=None):
 
     if a.kv_heads is None:
         a.kv_heads = a.heads
-    if min(a.nranks, a.seq, a.batch, a.heads, a.kv_heads, a.head_dim) < 1:
+    if a.file_dtype is None:
+        a.file_dtype = "f64" if a.dtype == "bf16" else a.dtype
+    if not a.nranks_list:
+        p.error("--np needs at least one N")
+    a.nranks = a.nranks_list[0]
+    if min(a.nranks_list + [a.seq, a.batch, a.heads, a.kv_heads, a.head_dim]) < 1:
         p.error("--np, --seq, --batch, --heads, --kv-heads, --head-dim must be >= 1")
     if a.heads % a.kv_heads != 0:
         p.error(f"--heads {a.heads} is not a multiple of --kv-heads {a.kv_heads}")
@@ -85,7 +108,7 @@ def parse_args(argv=None):
 def make_inputs(args):
     """Seeded random q [B,S,H,D], k, v [B,S,HKV,D], dout [B,S,H,D] in the requested dtype."""
     rng = np.random.default_rng(args.seed)
-    dt = NUMPY_DTYPE[args.dtype]
+    dt = NUMPY_DTYPE[args.file_dtype]
     b, s, h, hkv, d = args.batch, args.seq, args.heads, args.kv_heads, args.head_dim
     q = rng.standard_normal((b, s, h, d)) * args.logit_scale
     k = rng.standard_normal((b, s, hkv, d))
@@ -209,6 +232,8 @@ def run_binary(args, in_dir, out_dir):
     """Run `mpirun -np N ringattn run --inputs IN --out OUT ...`; returns (ok, message)."""
     cmd = [args.mpirun, "-np", str(args.nranks), "--oversubscribe",
            os.path.abspath(args.binary), "run", "--inputs", in_dir, "--out", out_dir]
+    if args.dtype != args.file_dtype:
+        cmd += ["--dtype", args.dtype]
     if args.causal:
         cmd.append("--causal")
     if args.partition is not None:
@@ -270,28 +295,60 @@ def main(argv=None):
     inputs = make_inputs(args)
     for name, arr in inputs.items():
         np.save(os.path.join(in_dir, name + ".npy"), arr)
-
-    ok, msg = run_binary(args, in_dir, out_dir)
-    if not ok:
-        print(f"FAIL: ringattn run failed: {msg}", file=sys.stderr)
-        print(f"inputs kept in {scratch}", file=sys.stderr)
-        return 1
-
-    try:
-        ours = load_outputs(out_dir)
-    except (OSError, ValueError) as e:
-        print(f"FAIL: {e}", file=sys.stderr)
-        print(f"files kept in {scratch}", file=sys.stderr)
-        return 1
+    # What ringattn computes on: the files' values as torch rounds them to the run's dtype.
+    used = {name: torch.from_numpy(arr).to(TORCH_DTYPE[args.dtype]).double().numpy()
+            for name, arr in inputs.items()}
+    rounded = args.dtype != args.file_dtype and NUMPY_DTYPE.get(args.dtype, np.dtype("<f2")).itemsize \
+        <= NUMPY_DTYPE[args.file_dtype].itemsize
 
     mask = visibility_mask(args.seq, args.causal, args.window, args.doc_lens)
-    ref = reference(inputs["q"], inputs["k"], inputs["v"], inputs["dout"], mask, args.scale)
+    ref = reference(used["q"], used["k"], used["v"], used["dout"], mask, args.scale)
 
     all_ok = True
-    for name in ("o", "lse", "dq", "dk", "dv"):
-        ok, line = compare(name, ours[name], ref[name], tol, NUMPY_DTYPE[args.dtype])
-        print(line)
-        all_ok &= ok
+    first = {}
+    for n in args.nranks_list:
+        args.nranks = n
+        shutil.rmtree(out_dir, ignore_errors=True)
+        os.makedirs(out_dir)
+        ok, msg = run_binary(args, in_dir, out_dir)
+        if not ok:
+            print(f"FAIL: ringattn run failed at N={n}: {msg}", file=sys.stderr)
+            print(f"inputs kept in {scratch}", file=sys.stderr)
+            return 1
+        try:
+            ours = load_outputs(out_dir)
+        except (OSError, ValueError) as e:
+            print(f"FAIL: {e}", file=sys.stderr)
+            print(f"files kept in {scratch}", file=sys.stderr)
+            return 1
+        # The inputs as used: written (as f32 for 16-bit dtypes) exactly when they were rounded.
+        for name in inputs:
+            path = os.path.join(out_dir, name + ".npy")
+            if rounded != os.path.isfile(path):
+                print(f"FAIL: N={n}: {name}.npy {'missing from' if rounded else 'written to'} --out "
+                      f"(inputs {'were' if rounded else 'were not'} rounded)")
+                all_ok = False
+            elif rounded and not np.array_equal(np.load(path).astype(np.float64), used[name]):
+                bad = int(np.count_nonzero(np.load(path).astype(np.float64) != used[name]))
+                print(f"FAIL: N={n}: {name}.npy differs from torch's rounding to {args.dtype} in {bad} values")
+                all_ok = False
+        print(f"N={n}:")
+        for name in ("o", "lse", "dq", "dk", "dv"):
+            ok, line = compare(name, ours[name], ref[name], tol, OUTPUT_DTYPE[args.dtype])
+            err = rel_error(ours[name], ref[name])
+            print("  " + line)
+            all_ok &= ok
+            if args.flat_in_n:
+                if n == args.nranks_list[0]:
+                    first[name] = err
+                elif err > 3 * first[name] + 1e-6:  # float32 rounding noise is ~1e-7
+                    print(f"  FAIL: {name} error {err:.3e} at N={n} grew beyond 3x its {first[name]:.3e} at "
+                          f"N={args.nranks_list[0]}")
+                    all_ok = False
+        if args.emulate_bf16_partials:
+            emu = bf16_partials(used, mask, args, n)
+            print("  summing per-block partials rounded to bf16 instead: " +
+                  "  ".join(f"{k} {rel_error(emu[k], ref[k]):.3e}" for k in ("o", "dq", "dk", "dv")))
 
     if all_ok:
         print("PASS")
@@ -300,6 +357,82 @@ def main(argv=None):
         return 0
     print(f"FAIL (files kept in {scratch})")
     return 1
+
+
+def rel_error(ours, ref):
+    ours = ours.astype(np.float64)
+    finite = np.isfinite(ref)
+    if not finite.any():
+        return 0.0
+    m = float(np.max(np.abs(ref[finite])))
+    e = float(np.max(np.abs(ours[finite] - ref[finite])))
+    return e / m if m > 0 else e
+
+
+def shard_positions(s, n, layout):
+    """The positions each of n ranks owns (contiguous, striped or zigzag), as lists."""
+    if layout == "striped":
+        return [list(range(r, s, n)) for r in range(n)]
+    if layout == "zigzag":
+        c = 2 * n
+        bounds = [s * i // c for i in range(c + 1)]
+        chunk = [list(range(bounds[i], bounds[i + 1])) for i in range(c)]
+        return [chunk[r] + chunk[c - 1 - r] for r in range(n)]
+    bounds = [s * i // n for i in range(n + 1)]
+    return [list(range(bounds[r], bounds[r + 1])) for r in range(n)]
+
+
+def bf16_partials(x, mask, args, n):
+    """O, dQ, dK, dV as a ring that rounds every per-block partial to bf16 and sums in bf16.
+
+    Exact (float64) per-block pieces of the softmax and its gradient, for query shard r and the
+    K/V block of owner o: O accumulates the rescaled block outputs, dQ the blocks' dS K, and each
+    owner sums the contributions dS^T Q and P^T dO of every query shard, in ring order, each
+    rounded to bf16 before the sum and the sum kept in bf16."""
+    bf = lambda t: t.to(torch.bfloat16).double()  # noqa: E731
+    q, k, v, g = (torch.from_numpy(x[t]) for t in ("q", "k", "v", "dout"))
+    h, hkv, d = q.shape[2], k.shape[2], q.shape[3]
+    scale = args.scale if args.scale is not None else 1.0 / math.sqrt(d)
+    ke, ve = k.repeat_interleave(h // hkv, dim=2), v.repeat_interleave(h // hkv, dim=2)
+    sc = torch.einsum("bihd,bjhd->bhij", q, ke) * scale
+    sc = sc.masked_fill(~mask, float("-inf"))
+    mx = sc.amax(-1, keepdim=True)
+    mx = torch.where(torch.isfinite(mx), mx, torch.zeros_like(mx))
+    p = torch.exp(sc - mx)
+    lsum = p.sum(-1, keepdim=True)
+    p = p / torch.where(lsum > 0, lsum, torch.ones_like(lsum))
+    o_exact = torch.einsum("bhij,bjhd->bihd", p, ve)
+    dp = torch.einsum("bihd,bjhd->bhij", g, ve)
+    delta = (g * o_exact).sum(-1).permute(0, 2, 1).unsqueeze(-1)      # [B,H,S,1]
+    ds = p * (dp - delta)
+    pos = shard_positions(args.seq, n, args.layout or ("zigzag" if args.causal and not args.window
+                                                        and not args.doc_lens else "contiguous"))
+    o = torch.zeros_like(o_exact)
+    dq = torch.zeros_like(q)
+    dk = torch.zeros_like(k)
+    dv = torch.zeros_like(v)
+    grp = lambda t: t.reshape(t.shape[0], t.shape[1], hkv, h // hkv, d).sum(3)  # noqa: E731
+    for r in range(n):
+        R = torch.tensor(pos[r], dtype=torch.long)
+        for j in range(n):
+            C = torch.tensor(pos[(r - j) % n], dtype=torch.long)
+            if len(R) == 0 or len(C) == 0:
+                continue
+            po = torch.einsum("bhij,bjhd->bihd", p[:, :, R][:, :, :, C], ve[:, C])
+            o[:, R] = bf(o[:, R] + bf(po))
+            pq = torch.einsum("bhij,bjhd->bihd", ds[:, :, R][:, :, :, C], ke[:, C]) * scale
+            dq[:, R] = bf(dq[:, R] + bf(pq))
+    for own in range(n):
+        C = torch.tensor(pos[own], dtype=torch.long)
+        for j in range(n):
+            R = torch.tensor(pos[(own + j) % n], dtype=torch.long)
+            if len(R) == 0 or len(C) == 0:
+                continue
+            pk = grp(torch.einsum("bhij,bihd->bjhd", ds[:, :, R][:, :, :, C], q[:, R]) * scale)
+            pv = grp(torch.einsum("bhij,bihd->bjhd", p[:, :, R][:, :, :, C], g[:, R]))
+            dk[:, C] = bf(dk[:, C] + bf(pk))
+            dv[:, C] = bf(dv[:, C] + bf(pv))
+    return {"o": o.numpy(), "dq": dq.numpy(), "dk": dk.numpy(), "dv": dv.numpy()}
 
 
 if __name__ == "__main__":

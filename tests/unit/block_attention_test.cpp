@@ -78,7 +78,7 @@ std::vector<T> shard_packed(const std::vector<double>& global, const Shape& s, I
   for (Index b = 0; b < s.B; ++b)
     for (Index i = 0; i < L; ++i)
       for (Index e = 0; e < heads * s.D; ++e)
-        file[(b * L + i) * heads * s.D + e] = static_cast<T>(global[(b * s.S + pos[i]) * heads * s.D + e]);
+        file[(b * L + i) * heads * s.D + e] = value_cast<T>(global[(b * s.S + pos[i]) * heads * s.D + e]);
   const Index G = heads == s.H ? s.G() : 1;
   const Packing pk{s.B, s.HKV, G, L, s.D};
   std::vector<T> packed(file.size());
@@ -103,8 +103,9 @@ void unshard(const std::vector<T>& packed, const Shape& s, Index heads, const La
 
 // Serial ring: forward over blocks in ring order, backward replaying them and returning
 // contributions to their owners, summed in step order.
-template <class T>
+template <class S>
 DenseResult simulate_ring(const Global& g, const Layout& l, const Mask& mask, double scale, const Tiling& tiling) {
+  using A = accum_t<S>;
   const Shape& s = g.s;
   const int N = l.ranks();
   DenseResult out;
@@ -113,37 +114,38 @@ DenseResult simulate_ring(const Global& g, const Layout& l, const Mask& mask, do
   out.dk.assign(g.k.size(), 0);
   out.dv.assign(g.k.size(), 0);
   out.lse.assign(s.B * s.H * s.S, 0);
-  std::vector<std::vector<T>> kv(N), dkv(N);
+  std::vector<std::vector<S>> kv(N);
+  std::vector<std::vector<A>> dkv(N);
   for (int o = 0; o < N; ++o) {
-    auto k = shard_packed<T>(g.k, s, s.HKV, l, o), v = shard_packed<T>(g.v, s, s.HKV, l, o);
+    auto k = shard_packed<S>(g.k, s, s.HKV, l, o), v = shard_packed<S>(g.v, s, s.HKV, l, o);
     kv[o] = k;
     kv[o].insert(kv[o].end(), v.begin(), v.end());
-    dkv[o].assign(kv[o].size(), T(0));
+    dkv[o].assign(kv[o].size(), A(0));
   }
   auto block = [&](int o) {
     const Packing pk{s.B, s.HKV, 1, l.size(o), s.D};
-    return KVBlock<T>{pk, l.positions(o), kv[o].data(), kv[o].data() + pk.kv_elems()};
+    return KVBlock<S>{pk, l.positions(o), kv[o].data(), kv[o].data() + pk.kv_elems()};
   };
-  Workspace<T> ws = workspace<T>(tiling, s.D, l.max_size(), s.G());
+  Workspace<A> ws = workspace<A>(tiling, s.D, l.max_size(), s.G());
   // contributions[r][j]: rank r's contribution to block (r - j) mod N
-  std::vector<std::vector<std::vector<T>>> contrib(N, std::vector<std::vector<T>>(N));
+  std::vector<std::vector<std::vector<A>>> contrib(N, std::vector<std::vector<A>>(N));
   for (int r = 0; r < N; ++r) {
     const Packing pq{s.B, s.HKV, s.G(), l.size(r), s.D};
-    auto q = shard_packed<T>(g.q, s, s.H, l, r), dout = shard_packed<T>(g.dout, s, s.H, l, r);
-    std::vector<T> m(pq.row_elems()), lsum(pq.row_elems()), lse(pq.row_elems()), acc(pq.q_elems()),
-        delta(pq.row_elems()), dq(pq.q_elems(), T(0));
-    const QueryShard<T> qs{pq, l.positions(r), q.data()};
-    OnlineState<T> st{m.data(), lsum.data(), acc.data()};
+    auto q = shard_packed<S>(g.q, s, s.H, l, r), dout = shard_packed<S>(g.dout, s, s.H, l, r);
+    std::vector<A> m(pq.row_elems()), lsum(pq.row_elems()), lse(pq.row_elems()), acc(pq.q_elems()),
+        delta(pq.row_elems()), dq(pq.q_elems(), A(0));
+    const QueryShard<S> qs{pq, l.positions(r), q.data()};
+    OnlineState<A> st{m.data(), lsum.data(), acc.data()};
     init_online_state(pq, st);
-    for (int j = 0; j < N; ++j) block_forward(qs, block(((r - j) % N + N) % N), mask, T(scale), st, ws);
+    for (int j = 0; j < N; ++j) block_forward(qs, block(((r - j) % N + N) % N), mask, A(scale), st, ws);
     finalize_forward(pq, st, lse.data());
     compute_delta(pq, dout.data(), acc.data(), delta.data());
-    const GradQueryShard<T> gq{qs, dout.data(), m.data(), lsum.data(), delta.data(), dq.data()};
+    const GradQueryShard<S> gq{qs, dout.data(), m.data(), lsum.data(), delta.data(), dq.data()};
     for (int j = 0; j < N; ++j) {
       const int o = ((r - j) % N + N) % N;
-      contrib[r][j].assign(kv[o].size(), T(0));
-      T* c = contrib[r][j].data();
-      block_backward(gq, block(o), mask, T(scale), c, c + kv[o].size() / 2, ws);
+      contrib[r][j].assign(kv[o].size(), A(0));
+      A* c = contrib[r][j].data();
+      block_backward(gq, block(o), mask, A(scale), c, c + kv[o].size() / 2, ws);
     }
     unshard(acc, s, s.H, l, r, out.o);
     unshard(dq, s, s.H, l, r, out.dq);
@@ -159,7 +161,7 @@ DenseResult simulate_ring(const Global& g, const Layout& l, const Mask& mask, do
       const auto& c = contrib[(o + j) % N][j];
       for (std::size_t e = 0; e < c.size(); ++e) dkv[o][e] += c[e];
     }
-    std::vector<T> dk(dkv[o].begin(), dkv[o].begin() + dkv[o].size() / 2), dv(dkv[o].begin() + dkv[o].size() / 2,
+    std::vector<A> dk(dkv[o].begin(), dkv[o].begin() + dkv[o].size() / 2), dv(dkv[o].begin() + dkv[o].size() / 2,
                                                                                  dkv[o].end());
     unshard(dk, s, s.HKV, l, o, out.dk);
     unshard(dv, s, s.HKV, l, o, out.dv);
@@ -223,7 +225,7 @@ void expect_matches_reference(double tol, const std::vector<Case>& all = cases()
     const Global g = random_inputs(c.s, 11);
     Global gin = g;  // the reference sees exactly the values the kernel sees
     for (auto* t : {&gin.q, &gin.k, &gin.v, &gin.dout})
-      for (double& x : *t) x = static_cast<double>(static_cast<T>(x));
+      for (double& x : *t) x = value_cast<double>(value_cast<T>(x));
     const double scale = 1.0 / std::sqrt(double(c.s.D));
     const DenseResult ref = reference_attention(c.s, c.mask, scale, gin.q, gin.k, gin.v, gin.dout);
     const DenseResult got = simulate_ring<T>(gin, c.layout, c.mask, scale, c.tiling);
@@ -247,6 +249,22 @@ TEST(BlockAttention, RingOfBlocksMatchesDenseReferenceFloat32) {
 
 // float32 rounding over D-long dot products and up to S-long sums, relative to the largest
 // element: a few 1e-7 per step; 2e-5 leaves room and still fails any wrong index or mask.
+// bf16 and f16 operands widen to float in the tile copies: against the reference on the rounded
+// values, the error is float32's.
+TEST(BlockAttention, RingOfBlocksMatchesDenseReferenceBf16AndF16Storage) {
+  on_every_target([] {
+    expect_matches_reference<bf16>(1e-5);
+    expect_matches_reference<f16>(1e-5);
+  });
+}
+
+TEST(BlockAttention, BlockRemaindersMatchDenseReferenceBf16AndF16Storage) {
+  on_every_target([] {
+    expect_matches_reference<bf16>(2e-5, packed_cases());
+    expect_matches_reference<f16>(2e-5, packed_cases());
+  });
+}
+
 TEST(BlockAttention, BlockRemaindersMatchDenseReferenceFloat32) {
   on_every_target([] { expect_matches_reference<float>(2e-5, packed_cases()); });
 }

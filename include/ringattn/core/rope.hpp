@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "ringattn/core/shape.hpp"
+#include "ringattn/core/storage.hpp"
 
 namespace ringattn::core {
 
@@ -49,7 +50,7 @@ class ShardRope {
   const T* q() const { return q_.data(); }
   const T* k() const { return k_.data(); }
   // in the forward pass this was: q' = R q, k' = R k, so now: dq = R^T dq', dk = R^T dk' (in place)
-  void backward(T* dq, T* dk) const;
+  void backward(accum_t<T>* dq, accum_t<T>* dk) const;  // gradients in the accumulation type
 
  private:
   Rope rope_;

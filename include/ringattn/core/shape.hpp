@@ -17,8 +17,19 @@ struct Shape {
   std::string str() const;  // "B=1 S=5 H=1 HKV=1 D=2"
 };
 
-enum class DType { f32, f64 };
-inline std::size_t dtype_size(DType t) { return t == DType::f32 ? 4 : 8; }
-inline const char* dtype_name(DType t) { return t == DType::f32 ? "f32" : "f64"; }
+// Element types of stored tensors: bf16 and f16 are storage only (computed in f32).
+enum class DType { f32, f64, bf16, f16 };
+inline std::size_t dtype_size(DType t) { return t == DType::f64 ? 8 : t == DType::f32 ? 4 : 2; }
+inline const char* dtype_name(DType t) {
+  switch (t) {
+    case DType::f32: return "f32";
+    case DType::f64: return "f64";
+    case DType::bf16: return "bf16";
+    case DType::f16: return "f16";
+  }
+  return "?";
+}
+// The type bf16 and f16 runs compute and write their outputs in.
+inline DType accum_dtype(DType t) { return t == DType::f64 ? DType::f64 : DType::f32; }
 
 }  // namespace ringattn::core

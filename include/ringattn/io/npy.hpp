@@ -1,5 +1,5 @@
 #pragma once
-// NumPy .npy files: C-order, little-endian '<f4' / '<f8' tensors only.
+// NumPy .npy files: C-order, little-endian '<f2' (float16) / '<f4' / '<f8' tensors only.
 // Reads format versions 1.0, 2.0 and 3.0; writes 1.0 (2.0 when the header needs a 4-byte
 // length) with the same header bytes numpy 1.24 writes, so np.load reads our files and a
 // diff against np.save output is empty.
@@ -14,6 +14,7 @@
 #include <string_view>
 #include <vector>
 
+#include "ringattn/core/half.hpp"
 #include "ringattn/core/layout.hpp"
 #include "ringattn/core/shape.hpp"
 
@@ -29,7 +30,7 @@ struct NpyHeader {
 
 // "<f8 (2, 3)" style description used in messages.
 std::string describe(core::DType dtype, const std::vector<core::Index>& shape);
-std::string npy_descr(core::DType dtype);  // "<f4" or "<f8"
+std::string npy_descr(core::DType dtype);  // "<f2", "<f4" or "<f8"
 
 // Parse and fully validate a header from the first bytes of a file (the whole file may be
 // passed; bytes past the header are ignored). `name` is used in messages.

@@ -40,6 +40,7 @@ struct InputPlan {
   std::uint64_t seed = 0;
   std::vector<TensorSpec> specs;
   std::vector<std::optional<io::NpyHeader>> headers;  // [spec] with --inputs; nullopt: a missing optional file
+  bool rounded = false;       // the files' values were rounded to the run's dtype on load
 
   bool from_files() const { return !dir.empty(); }
   std::string path(const TensorSpec& t) const;  // DIR/NAME.npy

@@ -61,7 +61,7 @@ class RingAttention final : public Strategy<S> {
   core::AlignedVector<A> lse_;          // row stats: m + log l, natural log
   core::AlignedVector<A> delta_, dq_, dkv_own_;
   core::AlignedVector<S> kv_buf_[2];    // the two remote K/V buffers
-  core::AlignedVector<A> grad_send_[2], grad_recv_[2];
+  core::AlignedVector<A> grad_send_[2], grad_recv_;
   core::Workspace<A> ws_;
   core::Ledger ledger_;
   bool backward_ready_ = false;
