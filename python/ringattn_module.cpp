@@ -36,6 +36,8 @@ std::string shape_text(const std::vector<Index>& s) {
 const char* storage_dtype(const std::string& torch_name) {
   if (torch_name == "float32") return "f32";
   if (torch_name == "float64") return "f64";
+  if (torch_name == "bfloat16") return "bf16";
+  if (torch_name == "float16") return "f16";
   return nullptr;
 }
 
@@ -49,7 +51,8 @@ void check_tensors(const std::vector<Index>& q, const std::vector<Index>& k, con
       throw InputError(fmt::format("{}: shape {} has {} dims (expected [B, L, {}, D])", names[t],
                                    shape_text(*shapes[t]), shapes[t]->size(), t == 0 ? "H" : "HKV"));
   if (!storage_dtype(dtypes[0]))
-    throw InputError(fmt::format("q: dtype {} is not supported (expected float32 or float64)", dtypes[0]));
+    throw InputError(fmt::format("q: dtype {} is not supported (expected float32, float64, bfloat16 or float16)",
+                                 dtypes[0]));
   for (int t = 1; t < 3; ++t)
     if (dtypes[t] != dtypes[0])
       throw InputError(fmt::format("{}: dtype {} differs from q's {} (expected q, k and v of one dtype)", names[t],
@@ -204,12 +207,12 @@ class Call {
   std::string dtype() const { return ringattn::core::dtype_name(plan_.att->dtype()); }
   Index local_size() const { return plan_.att->local_size(); }
 
-  // q, k, v in the storage dtype; o [B, L, H, D] and lse [B, H, L] in the accumulation dtype.
+  // q, k, v in the storage dtype; o [B, L, H, D] and lse [B, H, L] in the accumulation dtype
+  // (float64 for float64, float32 otherwise).
   void forward(std::uintptr_t q, std::uintptr_t k, std::uintptr_t v, std::uintptr_t o, std::uintptr_t lse) {
     py::gil_scoped_release unlocked;
     clean_ = false;  // until the pass completes on this rank
-    if (plan_.att->dtype() == ringattn::core::DType::f64) run_forward<double, double>(q, k, v, o, lse);
-    else run_forward<float, float>(q, k, v, o, lse);
+    ringattn::core::with_storage(plan_.att->dtype(), [&]<class S>() { run_forward<S>(q, k, v, o, lse); });
     clean_ = true;
   }
 
@@ -217,8 +220,7 @@ class Call {
   void backward(std::uintptr_t dout, std::uintptr_t dq, std::uintptr_t dk, std::uintptr_t dv) {
     py::gil_scoped_release unlocked;
     clean_ = false;
-    if (plan_.att->dtype() == ringattn::core::DType::f64) run_backward<double, double>(dout, dq, dk, dv);
-    else run_backward<float, float>(dout, dq, dk, dv);
+    ringattn::core::with_storage(plan_.att->dtype(), [&]<class S>() { run_backward<S>(dout, dq, dk, dv); });
     clean_ = true;
   }
 
@@ -226,7 +228,7 @@ class Call {
   Index q_elems() const { return q_[0] * q_[1] * q_[2] * q_[3]; }
   Index kv_elems() const { return k_[0] * k_[1] * k_[2] * k_[3]; }
 
-  template <class S, class A>
+  template <class S, class A = ringattn::core::accum_t<S>>
   void run_forward(std::uintptr_t q, std::uintptr_t k, std::uintptr_t v, std::uintptr_t o, std::uintptr_t lse) {
     plan_.att->load(view<const S>(q, q_elems()), view<const S>(k, kv_elems()), view<const S>(v, kv_elems()));
     plan_.att->forward();
@@ -236,7 +238,7 @@ class Call {
     plan_.att->outputs(out);
   }
 
-  template <class S, class A>
+  template <class S, class A = ringattn::core::accum_t<S>>
   void run_backward(std::uintptr_t dout, std::uintptr_t dq, std::uintptr_t dk, std::uintptr_t dv) {
     plan_.att->backward(view<const S>(dout, q_elems()));
     ringattn::Outputs<A> out;

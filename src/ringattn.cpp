@@ -28,9 +28,9 @@ std::string join(std::span<const Index> v) {
 std::string without_dashes(const std::string& m) { return m.rfind("--", 0) == 0 ? m.substr(2) : m; }
 
 core::DType parse_dtype(const std::string& name) {
-  if (name == "f32") return core::DType::f32;
-  if (name == "f64") return core::DType::f64;
-  throw InputError(fmt::format("dtype: unknown dtype '{}' (expected f32 or f64)", name));
+  for (core::DType t : {core::DType::f32, core::DType::f64, core::DType::bf16, core::DType::f16})
+    if (name == core::dtype_name(t)) return t;
+  throw InputError(fmt::format("dtype: unknown dtype '{}' (expected f32, f64, bf16 or f16)", name));
 }
 
 core::LayoutKind parse_layout(const std::string& name) {
@@ -158,7 +158,7 @@ struct Attention::Impl {
   core::Layout layout = core::Layout::contiguous(1, 1);
   core::Mask mask;
   runtime::StrategySetup setup;
-  std::variant<Engine<float>, Engine<double>> engine;
+  std::variant<Engine<float>, Engine<double>, Engine<core::bf16>, Engine<core::f16>> engine;
   bool loaded = false, forward_done = false, backward_done = false;
   runtime::PassStats fwd, bwd;
 
@@ -293,10 +293,7 @@ Attention::Attention(comm::Comm comm, const AttentionOptions& options)
     e.strategy = runtime::make_strategy<S>(m.comm, s);
     if (m.opt.rope_theta) e.rope.emplace(*m.opt.rope_theta, s.shape.D, m.layout.positions(m.comm.rank()));
   };
-  switch (m.dtype) {
-    case core::DType::f32: m.engine.emplace<Engine<float>>(); break;
-    case core::DType::f64: m.engine.emplace<Engine<double>>(); break;
-  }
+  core::with_storage(m.dtype, [&]<class S>() { m.engine.emplace<Engine<S>>(); });
   // A strategy that refuses the setup (a shape it cannot split) says so on every rank.
   runtime::agreed(m.comm, [&] { std::visit(build, m.engine); });
 }
@@ -323,6 +320,12 @@ void Attention::load(std::span<const float> q, std::span<const float> k, std::sp
 void Attention::load(std::span<const double> q, std::span<const double> k, std::span<const double> v) {
   impl_->load(q, k, v);
 }
+void Attention::load(std::span<const core::bf16> q, std::span<const core::bf16> k, std::span<const core::bf16> v) {
+  impl_->load(q, k, v);
+}
+void Attention::load(std::span<const core::f16> q, std::span<const core::f16> k, std::span<const core::f16> v) {
+  impl_->load(q, k, v);
+}
 
 void Attention::forward() {
   Impl& m = *impl_;
@@ -337,6 +340,8 @@ void Attention::forward() {
 
 void Attention::backward(std::span<const float> dout) { impl_->backward(dout); }
 void Attention::backward(std::span<const double> dout) { impl_->backward(dout); }
+void Attention::backward(std::span<const core::bf16> dout) { impl_->backward(dout); }
+void Attention::backward(std::span<const core::f16> dout) { impl_->backward(dout); }
 
 void Attention::outputs(const Outputs<float>& out) const { impl_->outputs(out); }
 void Attention::outputs(const Outputs<double>& out) const { impl_->outputs(out); }

@@ -6,7 +6,7 @@
 // it (positions()), in increasing global order. Shapes, with L = local_size():
 //   q, dout, o, dq   [B, L, H, D]      k, v, dk, dv   [B, L, HKV, D]      lse   [B, H, L]
 // Storage (q, k, v, dout) is in the plan's dtype; o, lse and the gradients are in its accumulation
-// type (float for f32, double for f64).
+// type (double for f64; float for f32, bf16 and f16).
 //
 // Use, on every rank of `mpi_comm` (MPI already initialised by the application, or by
 // comm::Environment):
@@ -37,6 +37,7 @@
 #include "ringattn/core/mask.hpp"
 #include "ringattn/core/reference.hpp"
 #include "ringattn/core/shape.hpp"
+#include "ringattn/core/storage.hpp"
 
 namespace ringattn {
 
@@ -61,7 +62,7 @@ struct AttentionOptions {
   std::optional<double> rope_theta;   // RoPE (rotate-half) on q and k at their global positions
   std::string strategy = "ring";      // how the ranks share the work
   std::optional<int> ulysses_degree;  // ranks per all-to-all group of the head-parallel strategies
-  std::string dtype = "f32";          // storage type of q, k, v, dout: f32 | f64
+  std::string dtype = "f32";          // storage type of q, k, v, dout: f32 | f64 | bf16 | f16
   double timeout_s = 0;               // watchdog on every wait (seconds); 0: none
   core::Tiling tiling;                // kernel tiles; zeros: the SIMD target's defaults
 };
@@ -108,11 +109,15 @@ class Attention {
   // shape and this rank's L, or the wrong dtype, throws InputError on every rank.
   void load(std::span<const float> q, std::span<const float> k, std::span<const float> v);
   void load(std::span<const double> q, std::span<const double> k, std::span<const double> v);
+  void load(std::span<const core::bf16> q, std::span<const core::bf16> k, std::span<const core::bf16> v);
+  void load(std::span<const core::f16> q, std::span<const core::f16> k, std::span<const core::f16> v);
   // Collective, after load().
   void forward();
   // dL/dO of this rank's positions (copied). Collective, after forward().
   void backward(std::span<const float> dout);
   void backward(std::span<const double> dout);
+  void backward(std::span<const core::bf16> dout);
+  void backward(std::span<const core::f16> dout);
   bool has_backward() const;
 
   // This rank's outputs; dq, dk, dv after backward(); with RoPE they are the gradients of q and k

@@ -9,8 +9,10 @@ Every rank of the communicator calls the same function at the same time with its
     o.sum().backward()                                                   # fills q.grad, k.grad, v.grad
 
 Shapes (L = len(pos)): q [B, L, H, D]; k, v [B, L, HKV, D]; O [B, L, H, D]; LSE [B, H, L].
-q, k, v are CPU tensors of one dtype (float32 or float64); O, LSE and the gradients are in the
-same dtype. Contiguous tensors are read in place; others are made contiguous first.
+q, k, v are CPU tensors of one dtype: float32, float64, bfloat16 or float16. O and LSE are in
+float64 for float64 inputs and float32 otherwise (16-bit storage computes in float32); q.grad,
+k.grad, v.grad come in the inputs' dtype, as for any torch op. Contiguous tensors are read in
+place; others are made contiguous first.
 
 A bad argument on any rank raises ringattn.InputError (a ValueError) with a one-line message on
 every rank of the communicator, so no rank is left waiting for the others.
@@ -28,8 +30,10 @@ from ._ringattn import positions as _positions
 __all__ = ["positions", "attention", "attention_lse", "InputError", "RuntimeFailure"]
 InputError.__module__ = RuntimeFailure.__module__ = "ringattn"  # ringattn.InputError in tracebacks
 
-_TORCH_NAME = {torch.float32: "float32", torch.float64: "float64"}
-_ACCUM = {"f32": torch.float32, "f64": torch.float64}  # storage dtype -> O, LSE and gradients
+_TORCH_NAME = {torch.float32: "float32", torch.float64: "float64", torch.bfloat16: "bfloat16",
+               torch.float16: "float16"}
+# storage dtype -> what O, LSE and the gradients are computed in
+_ACCUM = {"f32": torch.float32, "f64": torch.float64, "bf16": torch.float32, "f16": torch.float32}
 
 
 def positions(seq_len, ranks, rank, layout="contiguous", partition=None):

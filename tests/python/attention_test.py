@@ -22,7 +22,12 @@ from mpi4py import MPI
 import ringattn
 from ringattn import _ringattn
 
-TOL = {torch.float64: 1e-10, torch.float32: 3e-4}
+TOL = {torch.float64: 1e-10, torch.float32: 3e-4, torch.bfloat16: 3e-4, torch.float16: 3e-4}
+# 16-bit storage computes in float32 (O, LSE at float32's tolerance, against the reference on the
+# rounded inputs); q.grad, k.grad, v.grad come back in the inputs' dtype, rounded once: half an ulp
+# (at most bf16 2^-8, f16 2^-11 of the value) on top.
+TOL_GRAD = {**TOL, torch.bfloat16: 2.0 ** -8 + 3e-4, torch.float16: 2.0 ** -11 + 3e-4}
+ACCUM = {torch.float64: torch.float64}  # otherwise float32
 COMM = MPI.COMM_WORLD
 RANK, N = COMM.rank, COMM.size
 
@@ -109,7 +114,7 @@ def run_case(name, *, S, B=1, H=2, HKV=None, D=8, dtype=torch.float64, layout="c
     reused = _ringattn.plans_reused()
     o, lse = ringattn.attention_lse(q, k, v, **args)
     reused = _ringattn.plans_reused() - reused
-    assert o.dtype == dtype and o.shape == q.shape, (o.dtype, o.shape)
+    assert o.dtype == ACCUM.get(dtype, torch.float32) and o.shape == q.shape, (o.dtype, o.shape)
     (o * mine(dof)).sum().backward()
     errs = {
         "o": rel_error(o.detach(), o_ref.detach()[:, pos]),
@@ -118,8 +123,9 @@ def run_case(name, *, S, B=1, H=2, HKV=None, D=8, dtype=torch.float64, layout="c
         "dk": rel_error(k.grad, kf.grad[:, pos]),
         "dv": rel_error(v.grad, vf.grad[:, pos]),
     }
-    worst = comm.allreduce(max(errs.values()), op=MPI.MAX)
-    ok = worst <= TOL[dtype]
+    worst = comm.allreduce(max(e / (TOL[dtype] if n in ("o", "lse") else TOL_GRAD[dtype])
+                               for n, e in errs.items()), op=MPI.MAX)  # in units of the tolerance
+    ok = worst <= 1
     if expect_reuse is not None:  # every rank reused the kept plan, or none did
         reuse_ok = comm.allreduce(int((reused > 0) == expect_reuse), op=MPI.MIN) == 1
         name += f" (plan reused: {'yes' if reused else 'no'}, expected {'yes' if expect_reuse else 'no'})"
@@ -128,8 +134,8 @@ def run_case(name, *, S, B=1, H=2, HKV=None, D=8, dtype=torch.float64, layout="c
     if comm.rank == 0:
         if strategy != "ring":
             name = f"{strategy}: {name}"
-        print(f"{'ok ' if ok else 'BAD'} N={comm.size} {name:<46} max rel error {worst:.2e} "
-              f"(tol {TOL[dtype]:.0e})", flush=True)
+        print(f"{'ok ' if ok else 'BAD'} N={comm.size} {name:<46} max rel error {worst:.3f} x tol "
+              f"({TOL[dtype]:.0e}; gradients {TOL_GRAD[dtype]:.1e})", flush=True)
     return ok
 
 
@@ -158,6 +164,16 @@ def cases():
              dict(S=19, H=2, D=8, causal=True, scale=0.3, dtype=dtype, noncontiguous=True,
                   partition=[19 - 7 * (N - 1)] + [7] * (N - 1))),
         ]
+    # 16-bit storage. No RoPE here: the ranks round the rotated q, k to the storage type, and a
+    # reference rotating with other last bits of cos/sin flips some of those roundings by an ulp.
+    for dtype, tag in ((torch.bfloat16, "bf16"), (torch.float16, "f16")):
+        for layout in ("contiguous", "striped", "zigzag"):
+            out += [
+                (f"{layout} causal gqa h4kv2 b2 {tag}",
+                 dict(S=26, B=2, H=4, HKV=2, D=8, layout=layout, causal=True, dtype=dtype)),
+                (f"{layout} documents window 4 {tag}",
+                 dict(S=22, H=2, D=8, layout=layout, window=4, doc_lens=[12, 10], dtype=dtype)),
+            ]
     return out
 
 
