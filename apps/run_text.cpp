@@ -32,8 +32,8 @@ void print_attention(const runtime::RunResult& res) {
   const io::Report& rep = res.report;
   const runtime::JobFacts& f = res.facts;
   const int N = f.ranks;
-  fmt::print("ringattn run: {} {}, mask {}, layout {} over N={} ranks, kernels {}\n", f.shape.str(),
-             core::dtype_name(f.dtype), f.mask, f.layout, N, core::simd::current());
+  fmt::print("ringattn run: {} {}, mask {}, layout {} over N={} ranks, kernels {}, strategy {}\n", f.shape.str(),
+             core::dtype_name(f.dtype), f.mask, f.layout, N, core::simd::current(), f.strategy);
   fmt::print("  time (slowest rank, median of {}): forward {}  backward {}\n", f.iters, ms(rep.forward_s),
              f.backward ? ms(rep.backward_s) : std::string("-"));
   fmt::print("  {:>4} {:>9} {:>11} {:>11} {:>11} {:>11} {:>7} {:>11} {:>11} {:>10} {:>9} {:>9}\n", "rank", "positions",
@@ -72,9 +72,10 @@ void print_attention(const runtime::RunResult& res) {
 void print_layer(const runtime::RunResult& res) {
   const io::Report& rep = res.report;
   const runtime::JobFacts& f = res.facts;
-  fmt::print("ringattn run --layer: {} M={} {}{}, mask {}, layout {} over N={} ranks, kernels {}\n", f.shape.str(),
-             f.model_dim, core::dtype_name(f.dtype), f.rope ? fmt::format(", rope {:g}", *f.rope) : std::string(),
-             f.mask, f.layout, f.ranks, core::simd::current());
+  fmt::print("ringattn run --layer: {} M={} {}{}, mask {}, layout {} over N={} ranks, kernels {}, strategy {}\n",
+             f.shape.str(), f.model_dim, core::dtype_name(f.dtype),
+             f.rope ? fmt::format(", rope {:g}", *f.rope) : std::string(), f.mask, f.layout, f.ranks,
+             core::simd::current(), f.strategy);
   fmt::print("  time (slowest rank, median of {}): forward {}  backward {}; loss {}\n", f.iters, ms(rep.forward_s),
              f.backward ? ms(rep.backward_s) : std::string("-"), loss_text(rep));
   // The ring backward and dWo's reduction side by side: the reduction started before the ring

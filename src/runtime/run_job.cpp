@@ -2,6 +2,8 @@
 
 #include <sys/resource.h>
 
+#include <fmt/format.h>
+
 #include "jobs.hpp"
 #include "ringattn/core/errors.hpp"
 #include "ringattn/runtime/agreement.hpp"
@@ -65,7 +67,8 @@ RunResult run_job(comm::Comm& comm, const JobConfig& c) {
   RunResult res = p.dtype == core::DType::f64 ? run_typed<double>(comm, c, p, staged)
                                               : run_typed<float>(comm, c, p, staged);
   res.facts = JobFacts{p.shape,    p.dtype,   p.mask.describe(), core::layout_name(p.layout.kind()),
-                       strategy_name(p.strategy), comm.size(), c.iters, c.backward, c.layer, p.mask.causal(),
+                       p.strategy == StrategyKind::usp ? fmt::format("usp U={}", p.ulysses_degree) : strategy_name(p.strategy),
+                       comm.size(), c.iters, c.backward, c.layer, p.mask.causal(),
                        p.model_dim, c.rope};
   return res;
 }
