@@ -43,7 +43,8 @@ def test_plan_seed_figures():
             "--bytes", 2, "--flops", 312e12, "--bandwidth", 300e9]
     j = plan(*seed)
     check(list(j)[:len(PLAN_KEYS)] == PLAN_KEYS, f"the issue's keys, in order: {list(j)}")
-    check(set(j) == set(PLAN_KEYS) | {"inputs"}, "nothing but the issue's keys and the echoed inputs")
+    check(set(j) == set(PLAN_KEYS) | {"inputs", "strategies", "recommended"},
+          "nothing but the issue's keys, the echoed inputs and the strategies")
     want = {"recv_bytes": 0.94e9, "send_bytes": 0.94e9, "step_intensity": 131072, "layer_intensity": 149797,
             "beta": 1040, "compute_s": 0.451, "comm_s": 3.13e-3, "comm_ratio": 0.0069, "step_compute_s": 56.4e-3,
             "step_comm_s": 0.447e-3, "causal_utilization": 0.563, "causal_utilization_tri": 0.533,
@@ -51,6 +52,14 @@ def test_plan_seed_figures():
     for k, v in want.items():
         close(j.get(k), v, 0.01, k)
     check(j.get("verdict") == "overlap has room", f"verdict {j.get('verdict')}")
+    # the strategies side by side: ring, ulysses (the same 0.587 GB, as elements at p = 2), usp U=2, U=4
+    st = j.get("strategies", [])
+    check([(x.get("strategy"), x.get("ulysses_degree")) for x in st] ==
+          [("ring", 1), ("ulysses", 8), ("usp", 2), ("usp", 4)], f"strategies {st}")
+    if len(st) == 4:
+        close(st[1].get("a2a_recv_elems", 0) * 2, 0.587e9, 0.01, "ulysses a2a elements x p")
+        close(st[0].get("recv_bytes"), 0.94e9, 0.01, "ring bytes in the strategies")
+    check(j.get("recommended", {}).get("strategy") == "ring", f"recommended {j.get('recommended')}")
     inp = j.get("inputs", {})
     check(inp.get("seq") == 262144 and inp.get("ranks") == 8 and inp.get("kv_heads") == 8 and
           inp.get("causal") is False, f"inputs echoed: {inp}")
