@@ -60,10 +60,8 @@ Json plan_json(const core::CostInputs& in, const core::CostEstimate& e,
   }
   j["strategies"] = st;
   const core::StrategyEstimate& best = core::predicted_best(strategies);
-  Json rec = Json::object();
-  rec["strategy"] = best.strategy;
-  rec["ulysses_degree"] = static_cast<std::int64_t>(best.U);
-  j["recommended"] = rec;
+  j["recommended"] = best.strategy;
+  j["recommended_ulysses_degree"] = static_cast<std::int64_t>(best.U);
   return j;
 }
 

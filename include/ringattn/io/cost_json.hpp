@@ -6,7 +6,7 @@
 namespace ringattn::io {
 
 // With the strategies side by side under "strategies" and the one predicted fastest under
-// "recommended" ({"strategy", "ulysses_degree"}).
+// "recommended" (its name) and "recommended_ulysses_degree".
 Json plan_json(const core::CostInputs& in, const core::CostEstimate& e,
                const std::vector<core::StrategyEstimate>& strategies = {});
 
