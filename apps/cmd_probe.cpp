@@ -26,7 +26,8 @@ void print_strategies(const Probe& p) {
              "total", "received", "exposed wait", "a2a wait", "iters");
   for (const runtime::StrategyProbe& x : p.strategies) {
     if (!x.forbidden.empty()) {
-      fmt::print("  {:<8} {:>3}   not run: {}\n", x.strategy, x.ulysses_degree, x.forbidden);
+      fmt::print("  {:<8} {:>3}   not run: {}\n", x.strategy,
+                 x.ulysses_degree > 0 ? std::to_string(x.ulysses_degree) : std::string("-"), x.forbidden);
       continue;
     }
     fmt::print("  {:<8} {:>3} {:>12} {:>12} {:>12} {:>12} {:>13} {:>12} {:>6}\n", x.strategy, x.ulysses_degree,

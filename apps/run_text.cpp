@@ -56,6 +56,10 @@ void print_attention(const runtime::RunResult& res) {
   }
   fmt::print("  bytes moved: {} sent, {} received (all ranks); loss {}\n", human_bytes(sent), human_bytes(recv),
              loss_text(rep));
+  double a2a = 0;
+  for (const io::RankRow& r : rep.ranks) a2a = std::max(a2a, r.a2a_wait_s);
+  if (f.strategy != "ring")
+    fmt::print("  all-to-all wait (part of wait, slowest rank, forward + backward): {}\n", ms(a2a));
   const double mean = flops / std::max<std::size_t>(1, rep.ranks.size());
   fmt::print("  work imbalance (max/mean flops): {:.3f}", mean > 0 ? max_flops / mean : 1.0);
   if (f.causal && N > 1)  // the model compares causal shards only
