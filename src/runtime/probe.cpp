@@ -323,6 +323,11 @@ io::Json probe_json(const ProbeConfig& c, const Probe& p) {
   cfg["min_bytes"] = c.bw.min_bytes;
   cfg["max_bytes"] = c.bw.max_bytes;
   cfg["iters"] = c.bw.iters;
+  if (!c.strategies.empty()) {
+    io::Json names = io::Json::array();
+    for (const std::string& n : c.strategies) names.push_back(n);
+    cfg["strategies"] = names;
+  }
   j["config"] = cfg;
   io::Json bw = io::Json::array();
   for (const comm::BandwidthSample& b : p.bandwidth) {
