@@ -33,6 +33,10 @@ std::string secs(double s) {
 
 std::string pct(double r) { return fmt::format("{:.4g}%", 100 * r); }
 
+std::string label(const core::StrategyEstimate& x) {
+  return x.strategy == "usp" ? fmt::format("usp U={}", x.U) : x.strategy;
+}
+
 void print_plan(const core::CostInputs& in, const core::CostEstimate& e) {
   const double L = double(in.S) / double(in.N);
   const double block = double(in.B) * L * 2 * double(in.HKV) * double(in.D) * in.bytes;
@@ -66,6 +70,31 @@ void print_plan(const core::CostInputs& in, const core::CostEstimate& e) {
              core::verdict_text(e.verdict));
 }
 
+// ring, ulysses and usp side by side: an all-to-all waits for its data, a ring step's receive can
+// hide behind the step's compute.
+void print_strategies(const std::vector<core::StrategyEstimate>& st) {
+  fmt::print("\n  strategies side by side (per device, forward; the all-to-all is exposed, the ring's receive can "
+             "hide behind a step)\n");
+  fmt::print("    {:<8} {:>3} {:>11} {:>14} {:>11} {:>11} {:>10} {:>10} {:>11} {:>11}   {}\n", "strategy", "U",
+             "receive", "a2a elements", "ring bytes", "I_step", "a2a time", "ring step", "comm/comp", "predicted",
+             "verdict");
+  for (const core::StrategyEstimate& x : st) {
+    if (!x.impossible.empty()) {
+      fmt::print("    {:<8} {:>3}   impossible: {}\n", x.strategy, x.U, x.impossible);
+      continue;
+    }
+    fmt::print("    {:<8} {:>3} {:>11} {:>14.0f} {:>11} {:>11} {:>10} {:>10} {:>11} {:>11}   {}\n", x.strategy, x.U,
+               si(x.recv_bytes, "B"), x.a2a_recv_elems, si(x.ring_recv_bytes, "B"),
+               x.step_intensity > 0 ? fmt::format("{:.6g}", x.step_intensity) : std::string("-"), secs(x.a2a_s),
+               x.step_intensity > 0 ? pct(x.step_comm_ratio) : std::string("-"), pct(x.comm_ratio),
+               secs(x.predicted_s), core::verdict_text(x.verdict));
+  }
+  fmt::print("    a2a elements: (U-1)/U B (S/N) (2H + 2HKV) D (q, k, v in, O back; kv heads replicated when HKV % U "
+             "!= 0), plus LSE (U-1)/U B (S/N) H\n");
+  fmt::print("    predicted = compute x max(1, ring step comm/compute) + a2a time; least: {}\n",
+             label(core::predicted_best(st)));
+}
+
 }  // namespace
 
 Command add_plan_command(CLI::App& parent) {
@@ -93,8 +122,13 @@ Command add_plan_command(CLI::App& parent) {
   cmd.needs_mpi = false;
   cmd.run = [opt](comm::Comm*) {
     const core::CostEstimate e = core::estimate_cost(opt->in);  // validates: InputError -> exit 2
-    if (opt->json) fmt::print("{}\n", io::plan_json(opt->in, e).dump(2));
-    else print_plan(opt->in, e);
+    const std::vector<core::StrategyEstimate> st = core::estimate_strategies(opt->in);
+    if (opt->json) {
+      fmt::print("{}\n", io::plan_json(opt->in, e, st).dump(2));
+    } else {
+      print_plan(opt->in, e);
+      print_strategies(st);
+    }
     return 0;
   };
   return cmd;

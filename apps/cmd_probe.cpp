@@ -18,6 +18,38 @@ using runtime::Probe;
 using runtime::ProbeConfig;
 
 
+// Each strategy's forward and backward on these ranks, and which one won.
+void print_strategies(const Probe& p) {
+  if (p.strategies.empty()) return;
+  fmt::print("\nstrategies: forward and backward on these N={} ranks (slowest rank, median)\n", p.N);
+  fmt::print("  {:<8} {:>3} {:>12} {:>12} {:>12} {:>12} {:>13} {:>12} {:>6}\n", "strategy", "U", "forward", "backward",
+             "total", "received", "exposed wait", "a2a wait", "iters");
+  for (const runtime::StrategyProbe& x : p.strategies) {
+    if (!x.forbidden.empty()) {
+      fmt::print("  {:<8} {:>3}   not run: {}\n", x.strategy,
+                 x.ulysses_degree > 0 ? std::to_string(x.ulysses_degree) : std::string("-"), x.forbidden);
+      continue;
+    }
+    fmt::print("  {:<8} {:>3} {:>12} {:>12} {:>12} {:>12} {:>13} {:>12} {:>6}\n", x.strategy, x.ulysses_degree,
+               ms(x.forward_s), ms(x.backward_s), ms(x.forward_s + x.backward_s),
+               human_bytes(double(x.recv_bytes), "{:.4g} {}"), ms(x.exposed_wait_s), ms(x.a2a_wait_s), x.iters);
+  }
+  if (p.recommended < 0) {
+    fmt::print("  nothing run: the shape forbids every strategy named\n");
+    return;
+  }
+  const runtime::StrategyProbe& best = p.strategies[p.recommended];
+  auto label = [](const std::string& s, int U) { return s == "usp" ? fmt::format("usp U={}", U) : s; };
+  fmt::print("  recommended (least forward + backward): {}\n", label(best.strategy, best.ulysses_degree));
+  if (!p.plan_recommended.empty())
+    fmt::print("  plan's prediction with the figures above (step 2's compute rate, step 3's bandwidth at one block): "
+               "{} ({})\n",
+               label(p.plan_recommended, p.plan_recommended_degree),
+               p.plan_recommended == best.strategy && p.plan_recommended_degree == best.ulysses_degree
+                   ? "the same"
+                   : "not the one measured fastest");
+}
+
 void print_probe(const ProbeConfig& c, const Probe& p) {
   const core::Shape& s = p.shape;
   fmt::print("ringattn probe: {} {}, {}, layout {} over N={} ranks\n", s.str(), core::dtype_name(p.dtype),
@@ -41,6 +73,7 @@ void print_probe(const ProbeConfig& c, const Probe& p) {
     fmt::print("  N=1: the ring moves nothing; comm/compute is 0 ({})\n",
                core::verdict_text(core::Verdict::no_communication));
     fmt::print("  ring forward: {} (median of {})\n", ms(p.ring_forward_s), p.ring_iters);
+    print_strategies(p);
     return;
   }
   fmt::print("  bandwidth at one block {:.3f} GB/s (interpolated) -> beta = compute / bandwidth = {:.6g} FLOP/byte\n",
@@ -58,6 +91,7 @@ void print_probe(const ProbeConfig& c, const Probe& p) {
              p.ring_iters, ms(p.ring_forward_s));
   fmt::print("  exposed wait / compute in the ring forward (what overlap did not hide): {:.2f}%\n",
              100 * p.exposed_wait_ratio);
+  print_strategies(p);
 }
 
 }  // namespace
@@ -82,6 +116,12 @@ Command add_probe_command(CLI::App& parent) {
   probe->add_option("--budget", c.budget_s, "seconds per compute measurement before fewer repetitions are used")
       ->capture_default_str();
   probe->add_flag("--json", c.json, "print one JSON object instead of the tables");
+  probe->add_option("--strategies", c.strategies,
+                    "time these strategies forward and backward on the live ranks, e.g. ring,ulysses,usp (those the "
+                    "shape forbids are listed with the reason)")
+      ->delimiter(',');
+  add_integer(probe, "--ulysses-degree", c.ulysses_degree,
+              "usp's U for --strategies (default: every U with 1 < U < N dividing N)");
   Command cmd;
   cmd.cli = probe;
   cmd.run = [cfg](comm::Comm* comm) {

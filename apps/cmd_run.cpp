@@ -49,6 +49,10 @@ Command add_run_command(CLI::App& parent) {
   add_integer(run, "--tile-strip", c.tiling.strip_rows,
                   "rows per strip of a partially visible tile, each strip trimmed to the keys it sees (default 32)");
   run->add_option("--rope", c.rope, "RoPE (rotate-half) on q and k at global positions, base THETA; D even");
+  run->add_option("--strategy", c.strategy,
+                  "ring (default): K/V blocks around the ring; ulysses: all-to-all over heads (H % N == 0); usp: "
+                  "Ulysses groups of U consecutive ranks joined by a ring (--ulysses-degree U)");
+  add_integer(run, "--ulysses-degree", c.ulysses_degree, "usp: ranks per all-to-all group U (U divides N and H)");
   run->add_flag("--layer", c.layer,
                 "a whole layer: x wq wk wv wo dy -> y dx dwq dwk dwv dwo (weight gradients summed over ranks)");
   add_integer(run, "--model-dim", c.model_dim, "model dim M for --layer (required unless --inputs gives it)");

@@ -62,10 +62,12 @@ int main(int argc, char** argv) {
     usage_error = app::usage_message(e.what());
   }
   if (!usage_error.empty()) {
+    // Rank 0 says it before MPI_Finalize: a peer that finalizes and exits first makes the launcher
+    // end the job, and rank 0 with it.
+    std::optional<comm::Environment> env;
     if (app::launcher_size() > 1) {
-      comm::Environment env(&argc, &argv);
-      const comm::Comm world = comm::Comm::world();
-      world.agree(usage_error);
+      env.emplace(&argc, &argv);
+      comm::Comm::world().agree(usage_error);
     }
     if (launcher_rank == 0) fmt::print(stderr, "ringattn: error: {}\n", usage_error);
     return kExitBadInput;

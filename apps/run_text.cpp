@@ -32,8 +32,8 @@ void print_attention(const runtime::RunResult& res) {
   const io::Report& rep = res.report;
   const runtime::JobFacts& f = res.facts;
   const int N = f.ranks;
-  fmt::print("ringattn run: {} {}, mask {}, layout {} over N={} ranks, kernels {}\n", f.shape.str(),
-             core::dtype_name(f.dtype), f.mask, f.layout, N, core::simd::current());
+  fmt::print("ringattn run: {} {}, mask {}, layout {} over N={} ranks, kernels {}, strategy {}\n", f.shape.str(),
+             core::dtype_name(f.dtype), f.mask, f.layout, N, core::simd::current(), f.strategy);
   fmt::print("  time (slowest rank, median of {}): forward {}  backward {}\n", f.iters, ms(rep.forward_s),
              f.backward ? ms(rep.backward_s) : std::string("-"));
   fmt::print("  {:>4} {:>9} {:>11} {:>11} {:>11} {:>11} {:>7} {:>11} {:>11} {:>10} {:>9} {:>9}\n", "rank", "positions",
@@ -56,6 +56,10 @@ void print_attention(const runtime::RunResult& res) {
   }
   fmt::print("  bytes moved: {} sent, {} received (all ranks); loss {}\n", human_bytes(sent), human_bytes(recv),
              loss_text(rep));
+  double a2a = 0;
+  for (const io::RankRow& r : rep.ranks) a2a = std::max(a2a, r.a2a_wait_s);
+  if (f.strategy != "ring")
+    fmt::print("  all-to-all wait (part of wait, slowest rank, forward + backward): {}\n", ms(a2a));
   const double mean = flops / std::max<std::size_t>(1, rep.ranks.size());
   fmt::print("  work imbalance (max/mean flops): {:.3f}", mean > 0 ? max_flops / mean : 1.0);
   if (f.causal && N > 1)  // the model compares causal shards only
@@ -72,9 +76,10 @@ void print_attention(const runtime::RunResult& res) {
 void print_layer(const runtime::RunResult& res) {
   const io::Report& rep = res.report;
   const runtime::JobFacts& f = res.facts;
-  fmt::print("ringattn run --layer: {} M={} {}{}, mask {}, layout {} over N={} ranks, kernels {}\n", f.shape.str(),
-             f.model_dim, core::dtype_name(f.dtype), f.rope ? fmt::format(", rope {:g}", *f.rope) : std::string(),
-             f.mask, f.layout, f.ranks, core::simd::current());
+  fmt::print("ringattn run --layer: {} M={} {}{}, mask {}, layout {} over N={} ranks, kernels {}, strategy {}\n",
+             f.shape.str(), f.model_dim, core::dtype_name(f.dtype),
+             f.rope ? fmt::format(", rope {:g}", *f.rope) : std::string(), f.mask, f.layout, f.ranks,
+             core::simd::current(), f.strategy);
   fmt::print("  time (slowest rank, median of {}): forward {}  backward {}; loss {}\n", f.iters, ms(rep.forward_s),
              f.backward ? ms(rep.backward_s) : std::string("-"), loss_text(rep));
   // The ring backward and dWo's reduction side by side: the reduction started before the ring

@@ -3,6 +3,7 @@
 # a veth pair, talking TCP the way they would across nodes (issue 7, "Across hosts").
 #
 #   bash scripts/netns_test.sh [BINARY] [extra `ringattn run` options]
+#   bash scripts/netns_test.sh BINARY probe [`ringattn probe` options]   (measure over TCP instead)
 #
 # Namespace A holds 10.200.0.1/24, namespace B 10.200.0.2/24, each on an interface named
 # `raveth`, like eth0 on two nodes. mpirun starts inside A with `--host 10.200.0.1,10.200.0.2`;
@@ -100,6 +101,14 @@ where="$(in_a "${mpi[@]}" ip -o -4 addr show dev "$IFACE" 2>&1)" || fail "could 
 echo "$where"
 grep -q "$HOST_A/24" <<<"$where" && grep -q "$HOST_B/24" <<<"$where" ||
   fail "expected one rank at $HOST_A and one at $HOST_B"
+
+if [ "${1:-}" = probe ]; then  # `ringattn probe` over the TCP link: print what it measures
+  shift
+  echo "# ringattn probe over TCP between the namespaces"
+  echo "\$ ${mpi[*]} $BIN probe $*"
+  in_a "${mpi[@]}" "$BIN" probe "$@" || fail "ringattn probe exited $?"
+  exit 0
+fi
 
 echo "# ringattn over TCP between the namespaces"
 # For benchmarks over the TCP transport: RINGATTN_NETNS_SHAPE replaces the shape options,

@@ -3,12 +3,14 @@
 
     scripts/plot.py FILE.csv [--outdir DIR] [--beta B | --probe FILE.probe.json] [--cores N]
 
-Writes three PNGs next to the CSV (or in --outdir), named after it:
+Writes four PNGs next to the CSV (or in --outdir), named after it:
   STEM_time.png       forward + backward time against S, one line per N and layout (log-log);
+  STEM_strategies.png the strategies compared over S (N > 1): forward + backward time, and the exposed
+                      wait with its all-to-all part, one line per N, strategy and layout;
   STEM_wait.png       exposed forward wait / forward compute against the seed-003 step intensity
-                      I_step, with the model's line comm/compute = beta / I_step;
-  STEM_imbalance.png  max / mean FLOPs over ranks per layout and N (causal rows), with the seed's
-                      contiguous-shard model 2N/(N+1).
+                      I_step, with the model's line comm/compute = beta / I_step (rows with a ring);
+  STEM_imbalance.png  max / mean FLOPs over ranks per layout and N (causal rows of the ring), with the
+                      seed's contiguous-shard model 2N/(N+1).
 beta is the machine's FLOP/byte ratio measured by `ringattn probe` (compute rate / ring bandwidth at
 one K/V block): --beta, or the "beta" of --probe, or of STEM.probe.json next to the CSV when sweep.sh
 wrote one. Without it the wait chart says so and draws no model line.
@@ -46,11 +48,17 @@ def load(path):
                 continue
             for k in ("N", "S", "H", "HKV", "D", "causal"):
                 r[k] = int(r[k])
-            for k in ("forward_s", "backward_s", "compute_s", "wait_s", "wait_ratio", "fwd_wait_ratio", "bytes",
-                      "gflops", "tile_pairs", "imbalance", "step_intensity", "max_error"):
+            for k in ("forward_s", "backward_s", "compute_s", "wait_s", "a2a_wait_s", "wait_ratio", "fwd_wait_ratio",
+                      "bytes", "gflops", "tile_pairs", "imbalance", "step_intensity", "max_error"):
                 r[k] = num(r.get(k))
+            r["strategy"] = r.get("strategy") or "ring"  # sweeps before strategies: the ring
+            r["ulysses_degree"] = int(r.get("ulysses_degree") or 1)
             rows.append(r)
     return rows
+
+
+def strategy_label(r):
+    return f"usp U={r['ulysses_degree']}" if r["strategy"] == "usp" else r["strategy"]
 
 
 def shape_title(rows):
@@ -71,15 +79,16 @@ def plot_time(rows, out, cores):
     masks = sorted({r["causal"] for r in rows})
     fig, axes = plt.subplots(1, len(masks), figsize=(7.5 * len(masks), 5.5), squeeze=False)
     colors = color_of({r["N"] for r in rows})
+    several = len({strategy_label(r) for r in rows}) > 1
     for ax, causal in zip(axes[0], masks):
         groups = defaultdict(list)
         for r in rows:
             if r["causal"] == causal and r["forward_s"] is not None and r["backward_s"] is not None:
-                groups[(r["N"], r["layout"])].append((r["S"], r["forward_s"] + r["backward_s"]))
-        for (n, layout), pts in sorted(groups.items()):
+                groups[(r["N"], r["layout"], strategy_label(r))].append((r["S"], r["forward_s"] + r["backward_s"]))
+        for (n, layout, st), pts in sorted(groups.items()):
             pts.sort()
             marker, ls = LAYOUT_STYLE.get(layout, ("x", "-."))
-            label = n_label(n, cores) + ("" if n == 1 else f", {layout}")
+            label = n_label(n, cores) + ("" if n == 1 else f", {layout}") + (f", {st}" if several and n > 1 else "")
             ax.plot([p[0] for p in pts], [p[1] for p in pts], marker=marker, linestyle=ls, color=colors[n],
                     label=label)
         # an S^2 guide through the median of the N=1 (or smallest N) points
@@ -150,7 +159,58 @@ def plot_wait(rows, out, beta, beta_note, cores):
     plt.close(fig)
 
 
+STRATEGY_MARKER = {"ring": "o", "ulysses": "s"}
+
+
+def plot_strategies(rows, out, cores):
+    """Each strategy over S: forward + backward time, and the exposed wait (all-to-all part dashed)."""
+    use = [r for r in rows if r["N"] > 1 and r["forward_s"] is not None and r["backward_s"] is not None]
+    masks = sorted({r["causal"] for r in use}) or [0]
+    fig, axes = plt.subplots(len(masks), 2, figsize=(15, 5.5 * len(masks)), squeeze=False)
+    labels = sorted({strategy_label(r) for r in use})
+    colors = {st: COLORS[i % len(COLORS)] for i, st in enumerate(labels)}
+    styles = ["-", "--", ":", "-."]
+    ns = sorted({r["N"] for r in use})
+    for row_axes, causal in zip(axes, masks):
+        groups = defaultdict(list)
+        for r in use:
+            if r["causal"] == causal:
+                groups[(r["N"], strategy_label(r), r["layout"])].append(r)
+        for (n, st, layout), rs in sorted(groups.items()):
+            rs.sort(key=lambda r: r["S"])
+            marker = STRATEGY_MARKER.get(st.split()[0], "^")
+            ls = styles[ns.index(n) % len(styles)]
+            label = f"{st}, {n_label(n, cores)}, {layout}"
+            row_axes[0].plot([r["S"] for r in rs], [r["forward_s"] + r["backward_s"] for r in rs], marker=marker,
+                             linestyle=ls, color=colors[st], label=label)
+            waits = [(r["S"], r["wait_s"], r["a2a_wait_s"]) for r in rs if r["wait_s"] is not None]
+            row_axes[1].plot([w[0] for w in waits], [max(w[1], 1e-6) for w in waits], marker=marker, linestyle=ls,
+                             color=colors[st], label=label + ": exposed wait")
+            a2a = [w for w in waits if w[2]]
+            if a2a:
+                row_axes[1].plot([w[0] for w in a2a], [max(w[2], 1e-6) for w in a2a], marker=marker, linestyle=":",
+                                 color=colors[st], alpha=0.6, label=label + ": of it in all-to-alls")
+        what = "causal" if causal else "non-causal"
+        for ax, ylabel in ((row_axes[0], "forward + backward time (s), slowest rank, median"),
+                           (row_axes[1], "exposed wait (s), slowest rank, forward + backward")):
+            ax.set_xscale("log", base=2)
+            ax.set_yscale("log")
+            ax.set_xlabel("S (total positions)")
+            ax.set_ylabel(ylabel)
+            ax.grid(True, which="both", alpha=0.3)
+            ax.legend(fontsize=7)
+        row_axes[0].set_title(f"{what}: time against S per strategy")
+        row_axes[1].set_title(f"{what}: what overlap did not hide")
+    if not use:
+        axes[0][0].set_title("no runs with N > 1: nothing to compare")
+    fig.suptitle(f"ringattn strategies: {shape_title(use or rows)}")
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+
+
 def plot_imbalance(rows, out, cores):
+    rows = [r for r in rows if r["strategy"] == "ring"] or rows  # the layouts' balance, as the ring sees it
     causal = [r for r in rows if r["causal"] and r["N"] > 1 and r["imbalance"] is not None]
     use = causal or [r for r in rows if r["N"] > 1 and r["imbalance"] is not None]
     fig, ax = plt.subplots(figsize=(8.5, 5.5))
@@ -231,10 +291,11 @@ def main():
     if not beta:
         note = "no β: pass --beta or --probe (ringattn probe --json) to draw the model line"
 
-    outs = [os.path.join(outdir, f"{stem}_{k}.png") for k in ("time", "wait", "imbalance")]
+    outs = [os.path.join(outdir, f"{stem}_{k}.png") for k in ("time", "wait", "imbalance", "strategies")]
     plot_time(rows, outs[0], a.cores)
     plot_wait(rows, outs[1], beta, note, a.cores)
     plot_imbalance(rows, outs[2], a.cores)
+    plot_strategies(rows, outs[3], a.cores)
     for o in outs:
         print(o)
     return 0

@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# Sweep ring attention over N ranks x S positions x layout x mask, one mpirun per point, and write
+# Sweep attention over N ranks x S positions x layout x mask x strategy, one mpirun per point, and write
 # one CSV row per run (then: scripts/plot.py FILE.csv). Defaults fit this 2-core machine in a few
 # minutes; every option also reads an environment variable of the same name in capitals.
 #
 #   scripts/sweep.sh [--ranks "1 2 4"] [--seqs "1024 2048 4096 8192 16384"]
 #                    [--layouts "contiguous zigzag striped"] [--masks "causal"] [--causal | --no-causal]
+#                    [--strategies "ring ulysses usp:2"]
 #                    [--heads 4] [--kv-heads H] [--head-dim 64] [--dtype f32] [--warmup 1] [--iters 2]
 #                    [--check-max-seq 4096] [--oversub-max-seq 8192] [--run-args "..."] [--no-probe]
 #                    [--build] [--out build/sweep/sweep.csv]
@@ -12,7 +13,9 @@
 # Per point: `ringattn run ... --report --trace` (and --check when S <= --check-max-seq: the dense
 # float64 reference is O(S^2) on rank 0: about 3 s at S = 4096, H = 4, against a second for the
 # run).
-# At N = 1 the layouts coincide, so only the first runs.
+# At N = 1 the layouts coincide, and so do the strategies: only the first of each runs.
+# --strategies: ring (default), ulysses, usp:U (usp with --ulysses-degree U). Points whose shape a
+# strategy's rules forbid (ulysses: H % N == 0; usp: U divides N and H) are skipped, and said so.
 # With more ranks than cores (N > nproc) the ranks share cores and times mean little; those points
 # stop at --oversub-max-seq (their counts, bytes and imbalance are still exact).
 # Unless --no-probe, `ringattn probe` runs once first (N = 2) and writes FILE.probe.json next to the
@@ -20,15 +23,18 @@
 #
 # CSV columns (times in seconds, medians over --iters; "slowest" = max over ranks):
 #   N S B H HKV D dtype causal layout
+#   strategy ulysses_degree   ring, ulysses or usp, and its U (ring 1, ulysses N)
 #   forward_s backward_s   the report's time: slowest rank, median over iterations
 #   compute_s wait_s       slowest rank's kernel time and exposed wait (forward + backward)
+#   a2a_wait_s             slowest rank's wait in all-to-alls (part of wait_s; 0 for ring)
 #   wait_ratio             sum of wait / sum of compute over ranks (forward + backward)
 #   fwd_wait_ratio         the same for the forward pass alone, from the last iteration's trace
 #   bytes                  bytes sent by all ranks (forward, replay and gradient returns)
 #   gflops                 FLOPs of all ranks / (forward_s + backward_s) / 1e9
 #   tile_pairs             computed tile pairs, all ranks
 #   imbalance              max / mean FLOPs over ranks (1 = balanced)
-#   step_intensity         I_step from `ringattn plan` (FLOP/byte, halved when causal)
+#   step_intensity         I_step from `ringattn plan` (FLOP/byte, halved when causal): of the ring
+#                          between the groups for usp, empty for ulysses (no ring)
 #   max_error              largest check.max_rel_err of o, lse, dq, dk, dv (empty without --check)
 #   status                 ok, check-failed or exit-<code>
 set -euo pipefail
@@ -38,6 +44,7 @@ RANKS="${RANKS:-1 2 4}"
 SEQS="${SEQS:-1024 2048 4096 8192 16384}"
 LAYOUTS="${LAYOUTS:-contiguous zigzag striped}"
 MASKS="${MASKS:-causal}"
+STRATEGIES="${STRATEGIES:-ring}"
 HEADS="${HEADS:-4}"
 KV_HEADS="${KV_HEADS:-}"
 HEAD_DIM="${HEAD_DIM:-64}"
@@ -67,6 +74,7 @@ while [ $# -gt 0 ]; do
     --seqs) SEQS="$2" ;;
     --layouts) LAYOUTS="$2" ;;
     --masks) MASKS="$2" ;;
+    --strategies) STRATEGIES="$2" ;;
     --heads) HEADS="$2" ;;
     --kv-heads) KV_HEADS="$2" ;;
     --head-dim) HEAD_DIM="$2" ;;
@@ -109,6 +117,15 @@ for l in $LAYOUTS; do
   case "$l" in contiguous|striped|zigzag|auto) ;; *) die "--layouts: unknown layout '$l' (expected contiguous, striped, zigzag or auto)" ;; esac
 done
 case "$DTYPE" in f32|f64) ;; *) die "--dtype: unknown dtype '$DTYPE' (expected f32 or f64)" ;; esac
+[ -n "$STRATEGIES" ] || die "--strategies: no strategy (expected ring, ulysses or usp:U)"
+for st in $STRATEGIES; do
+  case "$st" in
+    ring|ulysses) ;;
+    usp:*) [[ "${st#usp:}" =~ ^[0-9]+$ ]] && [ "${st#usp:}" -ge 1 ] ||
+             die "--strategies: '$st' has no Ulysses degree (expected usp:U with an integer U >= 1)" ;;
+    *) die "--strategies: unknown strategy '$st' (expected ring, ulysses or usp:U)" ;;
+  esac
+done
 
 [ "$DO_BUILD" = 1 ] && build >/dev/null
 [ -x "$BIN" ] || die "$BIN not found (build first, or pass --build)"
@@ -121,22 +138,29 @@ TMP="$(mktemp -d)"
 # A sweep that stops early leaves no half-written CSV.
 trap 'rm -rf "$TMP" "$OUT.partial"' EXIT
 
-CSV_COLUMNS="N S B H HKV D dtype causal layout forward_s backward_s compute_s wait_s wait_ratio fwd_wait_ratio bytes \
-gflops tile_pairs imbalance step_intensity max_error status"
+CSV_COLUMNS="N S B H HKV D dtype causal layout strategy ulysses_degree forward_s backward_s compute_s wait_s a2a_wait_s \
+wait_ratio fwd_wait_ratio bytes gflops tile_pairs imbalance step_intensity max_error status"
 
 # One CSV row from a run's report, trace and the cost model (python3 from Debian; no jq here).
-row() {  # row N S mask layout status report trace
+row() {  # row N S mask layout strategy U status report trace
   /usr/bin/python3 - "$@" "$BIN" "$HEADS" "$KV_HEADS" "$HEAD_DIM" "$DTYPE" "$CSV_COLUMNS" <<'EOF'
 import json, os, subprocess, sys
-N, S, mask, layout, status, report, trace, binary, H, HKV, D, dtype, cols = sys.argv[1:]
+N, S, mask, layout, strategy, U, status, report, trace, binary, H, HKV, D, dtype, cols = sys.argv[1:]
 causal = mask == "causal"
 p = 4 if dtype == "f32" else 8
 planned = subprocess.run(
     [binary, "plan", "--seq", S, "--ranks", N, "--heads", H, "--kv-heads", HKV, "--head-dim", D,
      "--bytes", str(p)] + (["--causal"] if causal else []) + ["--json"], capture_output=True, text=True)
 plan = json.loads(planned.stdout) if planned.returncode == 0 else {}
-row = dict(N=N, S=S, B=1, H=H, HKV=HKV, D=D, dtype=dtype, causal=int(causal), layout=layout,
-           step_intensity=plan.get("step_intensity", ""), status=status)
+# the plan's row for this strategy: I_step of the ring between the groups (none for ulysses)
+# (usp with U = 1 is the ring, with U = N ulysses)
+same = {"1": "ring", N: "ulysses"}.get(U, strategy) if strategy == "usp" else strategy
+est = [x for x in plan.get("strategies", []) if x.get("strategy") == same and x.get("ulysses_degree") == int(U)]
+intensity = est[0].get("step_intensity") if est else ""
+if same == "ring":
+    intensity = plan.get("step_intensity", "")
+row = dict(N=N, S=S, B=1, H=H, HKV=HKV, D=D, dtype=dtype, causal=int(causal), layout=layout, strategy=strategy,
+           ulysses_degree=U, step_intensity="" if intensity is None else intensity, status=status)
 if os.path.exists(report):
     rep = json.load(open(report))
     ranks = rep["ranks"]
@@ -144,9 +168,10 @@ if os.path.exists(report):
     fwd, bwd = rep["time"]["forward_s"], rep["time"]["backward_s"]
     comp = [r["time"]["compute_s"] for r in ranks]
     wait = [r["time"]["wait_s"] for r in ranks]
+    a2a = [r["time"].get("a2a_wait_s", 0) for r in ranks]
     flops = [r["work"]["flops"] for r in ranks]
     mean = sum(flops) / len(flops)
-    row.update(forward_s=fwd, backward_s=bwd, compute_s=max(comp), wait_s=max(wait),
+    row.update(forward_s=fwd, backward_s=bwd, compute_s=max(comp), wait_s=max(wait), a2a_wait_s=max(a2a),
                wait_ratio=sum(wait) / sum(comp) if sum(comp) > 0 else "",
                bytes=sum(r["ledger"]["send_bytes"] for r in ranks),
                gflops=sum(flops) / (fwd + bwd) * 1e-9 if fwd + bwd > 0 else "",
@@ -158,7 +183,7 @@ if os.path.exists(report):
 if os.path.exists(trace):
     steps = [json.loads(l) for l in open(trace) if l.strip()]
     f = [s for s in steps if s.get("pass") == "forward"]
-    c = sum(s["compute_s"] for s in f)
+    c = sum(s["compute_s"] for s in f if s.get("phase") != "all-to-all")
     row["fwd_wait_ratio"] = sum(s["wait_s"] for s in f) / c if c > 0 else ""
 cols = cols.split()
 fmt = lambda v: f"{v:.6g}" if isinstance(v, float) else str(v)
@@ -167,18 +192,28 @@ EOF
 }
 
 points=()
+skipped=""
 for N in $RANKS; do
   [ "$N" -ge 1 ] || die "--ranks: $N is not a rank count (expected >= 1)"
-  for S in $SEQS; do
-    [ "$N" -gt "$CORES" ] && [ "$S" -gt "$OVERSUB_MAX_SEQ" ] && continue
-    for mask in $MASKS; do
-      for layout in $LAYOUTS; do
-        points+=("$N $S $mask $layout")
-        [ "$N" -eq 1 ] && break  # one rank: every layout is the same
+  for st in $STRATEGIES; do
+    case "$st" in ring) U=1 ;; ulysses) U=$N ;; usp:*) U="${st#usp:}" ;; esac
+    if [ $((N % U)) -ne 0 ] || [ $((HEADS % U)) -ne 0 ]; then
+      skipped="$skipped N=$N:$st"
+      continue
+    fi
+    for S in $SEQS; do
+      [ "$N" -gt "$CORES" ] && [ "$S" -gt "$OVERSUB_MAX_SEQ" ] && continue
+      for mask in $MASKS; do
+        for layout in $LAYOUTS; do
+          points+=("$N $S $mask $layout ${st%%:*} $U")
+          [ "$N" -eq 1 ] && break  # one rank: every layout is the same
+        done
       done
     done
+    [ "$N" -eq 1 ] && break  # one rank: every strategy is the same
   done
 done
+[ -z "$skipped" ] || echo "sweep: skipped (the strategy's rules forbid the shape: H=$HEADS):$skipped" >&2
 
 t_start=$SECONDS
 if [ "$PROBE" = 1 ]; then
@@ -196,11 +231,13 @@ echo "${CSV_COLUMNS// /,}" >"$OUT.partial"
 failed=0
 k=0
 for pt in "${points[@]}"; do
-  read -r N S mask layout <<<"$pt"
+  read -r N S mask layout strategy U <<<"$pt"
   k=$((k + 1))
   args=(run --seq "$S" --heads "$HEADS" --kv-heads "$KV_HEADS" --head-dim "$HEAD_DIM" --dtype "$DTYPE"
         --layout "$layout" --warmup "$WARMUP" --iters "$ITERS" --report "$TMP/report.json" --trace "$TMP/trace.jsonl")
   [ "$mask" = causal ] && args+=(--causal)
+  [ "$strategy" = ring ] || args+=(--strategy "$strategy")
+  [ "$strategy" = usp ] && args+=(--ulysses-degree "$U")
   [ "$S" -le "$CHECK_MAX_SEQ" ] && args+=(--check)
   # shellcheck disable=SC2206  # --run-args is split into words on purpose
   [ -n "$RUN_ARGS" ] && args+=($RUN_ARGS)
@@ -211,12 +248,12 @@ for pt in "${points[@]}"; do
   case $rc in 0) status=ok ;; 1) status=check-failed ;; *) status="exit-$rc" ;; esac
   if [ $rc -ne 0 ]; then
     failed=$((failed + 1))
-    echo "sweep: N=$N S=$S $mask $layout: $status: $(grep -m1 ringattn "$TMP/err.txt" || tail -1 "$TMP/err.txt")" >&2
+    echo "sweep: N=$N S=$S $mask $layout $strategy U=$U: $status: $(grep -m1 ringattn "$TMP/err.txt" || tail -1 "$TMP/err.txt")" >&2
   fi
-  line="$(row "$N" "$S" "$mask" "$layout" "$status" "$TMP/report.json" "$TMP/trace.jsonl")"
+  line="$(row "$N" "$S" "$mask" "$layout" "$strategy" "$U" "$status" "$TMP/report.json" "$TMP/trace.jsonl")"
   echo "$line" >>"$OUT.partial"
-  printf 'sweep: [%d/%d] N=%s S=%-6s %-6s %-10s %s  (%ds, %ds total)\n' "$k" "${#points[@]}" "$N" "$S" "$mask" \
-    "$layout" "$status" $((SECONDS - t0)) $((SECONDS - t_start)) >&2
+  printf 'sweep: [%d/%d] N=%s S=%-6s %-6s %-10s %-7s U=%-2s %s  (%ds, %ds total)\n' "$k" "${#points[@]}" "$N" "$S" \
+    "$mask" "$layout" "$strategy" "$U" "$status" $((SECONDS - t0)) $((SECONDS - t_start)) >&2
 done
 mv "$OUT.partial" "$OUT"
 echo "sweep: ${#points[@]} runs, $failed failed, $((SECONDS - t_start)) s -> $OUT" >&2

@@ -7,6 +7,7 @@
 #include <limits>
 
 #include "ringattn/core/errors.hpp"
+#include "ringattn/core/head_split.hpp"
 
 namespace ringattn::core {
 
@@ -84,6 +85,61 @@ CostEstimate estimate_cost(const CostInputs& in) {
   e.tp_bytes = 4.0 * B * S * H * D * p;
   e.verdict = verdict_for(e.step_comm_ratio, in.N > 1);
   return e;
+}
+
+namespace {
+
+StrategyEstimate estimate_strategy(const CostInputs& in, const CostEstimate& ring, const char* name, Index U) {
+  StrategyEstimate e;
+  e.strategy = name;
+  e.U = U;
+  if (in.N % U != 0) {
+    e.impossible = fmt::format("U={} does not divide N={} (expected N % U == 0)", U, in.N);
+    return e;
+  }
+  if (in.H % U != 0) {
+    e.impossible = fmt::format("H={} query heads do not split over U={} devices (expected H % U == 0)", in.H, U);
+    return e;
+  }
+  const HeadSplit h = split_heads(Shape{in.B, in.S, in.H, in.HKV, in.D}, U);
+  const double S = double(in.S), N = double(in.N), B = double(in.B), D = double(in.D), p = in.bytes;
+  const double u = double(U), R = N / u, L = S / N, HKVg = u * double(h.HKVu);
+  e.a2a_recv_elems = (u - 1) / u * B * L * (2.0 * double(in.H) + 2.0 * HKVg) * D;
+  e.lse_recv_elems = (u - 1) / u * B * L * double(in.H);
+  e.a2a_recv_bytes = (e.a2a_recv_elems + e.lse_recv_elems) * p;
+  e.ring_recv_bytes = (R - 1) * 2.0 * B * (S / R) * double(h.HKVu) * D * p;
+  e.recv_bytes = e.a2a_recv_bytes + e.ring_recv_bytes;
+  e.compute_s = ring.compute_s;  // the same pairs per device, whatever the split
+  e.a2a_s = e.a2a_recv_bytes / in.bandwidth;
+  if (R > 1) {
+    e.step_intensity = step_intensity(S / R, h.Hu, h.HKVu, p, in.causal);
+    e.step_comm_ratio = ring.beta / e.step_intensity;
+  }
+  e.predicted_s = e.compute_s * std::max(1.0, e.step_comm_ratio) + e.a2a_s;
+  e.comm_ratio = e.a2a_s / e.compute_s + e.step_comm_ratio;
+  e.verdict = verdict_for(e.comm_ratio, in.N > 1);
+  return e;
+}
+
+}  // namespace
+
+std::vector<StrategyEstimate> estimate_strategies(const CostInputs& in) {
+  const CostEstimate ring = estimate_cost(in);
+  std::vector<StrategyEstimate> out = {estimate_strategy(in, ring, "ring", 1)};
+  StrategyEstimate uly = estimate_strategy(in, ring, "ulysses", in.N);
+  if (!uly.impossible.empty())
+    uly.impossible = fmt::format("H={} query heads do not split over N={} devices (expected H % N == 0)", in.H, in.N);
+  out.push_back(uly);
+  for (Index U = 2; U < in.N; ++U)
+    if (in.N % U == 0) out.push_back(estimate_strategy(in, ring, "usp", U));
+  return out;
+}
+
+const StrategyEstimate& predicted_best(const std::vector<StrategyEstimate>& e) {
+  const StrategyEstimate* best = &e.front();
+  for (const StrategyEstimate& x : e)
+    if (x.impossible.empty() && x.predicted_s < best->predicted_s) best = &x;
+  return *best;
 }
 
 }  // namespace ringattn::core

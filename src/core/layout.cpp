@@ -82,6 +82,17 @@ Layout Layout::make(LayoutKind kind, Index S, int N, const std::vector<Index>& p
   throw InputError("unknown layout");
 }
 
+Layout Layout::grouped(const Layout& l, int U) {
+  if (U < 1 || l.ranks() % U != 0)
+    throw InputError(fmt::format("a group of {} ranks does not divide {} ranks", U, l.ranks()));
+  std::vector<int> owner(l.owner_);
+  for (int& o : owner) o /= U;
+  Layout g(l.kind_, std::move(owner));
+  g.sizes_.assign(l.ranks() / U, 0);
+  g.build_index();
+  return g;
+}
+
 // Derive sizes, local indices and per-rank position lists from the owner map.
 void Layout::build_index() {
   const int N = static_cast<int>(sizes_.size());

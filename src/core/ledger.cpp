@@ -5,6 +5,7 @@
 
 #include "ringattn/core/block_attention.hpp"
 #include "ringattn/core/errors.hpp"
+#include "ringattn/core/head_split.hpp"
 
 namespace ringattn::core {
 
@@ -84,6 +85,30 @@ Ledger expected_ledger(const Layout& layout, const Shape& s, int r, bool backwar
       if (need(r, o)) l.grad_send_elems += e * layout.size(o);
       if (need(o, r)) l.grad_recv_elems += e * layout.size(r);
     }
+  }
+  return l;
+}
+
+Ledger expected_a2a_ledger(const Layout& layout, const Shape& s, int U, int r, bool backward, Index storage,
+                           Index accum) {
+  const HeadSplit h = split_heads(s, U);
+  const Index e = h.Hu + 2 * h.HKVu, Lr = layout.size(r), BD = s.B * s.D;
+  Ledger l;
+  const int first = r / U * U;
+  for (int w = first; w < first + U; ++w) {
+    if (w == r) continue;
+    const Index Lw = layout.size(w);
+    // forward: q, k, v (storage) out and in; O and LSE (accumulation) back
+    l.a2a_fwd_send_elems += BD * (Lr * e + Lw * h.Hu) + s.B * h.Hu * Lw;
+    l.a2a_fwd_recv_elems += BD * (Lw * e + Lr * h.Hu) + s.B * h.Hu * Lr;
+    l.send_bytes += storage * BD * Lr * e + accum * (BD * Lw * h.Hu + s.B * h.Hu * Lw);
+    l.recv_bytes += storage * BD * Lw * e + accum * (BD * Lr * h.Hu + s.B * h.Hu * Lr);
+    if (!backward) continue;
+    // backward: dO (storage) out and in; dQ, dK, dV (accumulation) back
+    l.a2a_bwd_send_elems += BD * (Lr * h.Hu + Lw * e);
+    l.a2a_bwd_recv_elems += BD * (Lw * h.Hu + Lr * e);
+    l.send_bytes += storage * BD * Lr * h.Hu + accum * BD * Lw * e;
+    l.recv_bytes += storage * BD * Lw * h.Hu + accum * BD * Lr * e;
   }
   return l;
 }

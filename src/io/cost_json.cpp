@@ -2,7 +2,8 @@
 
 namespace ringattn::io {
 
-Json plan_json(const core::CostInputs& in, const core::CostEstimate& e) {
+Json plan_json(const core::CostInputs& in, const core::CostEstimate& e,
+               const std::vector<core::StrategyEstimate>& strategies) {
   Json j = Json::object();
   j["recv_bytes"] = e.recv_bytes;
   j["send_bytes"] = e.send_bytes;
@@ -32,6 +33,35 @@ Json plan_json(const core::CostInputs& in, const core::CostEstimate& e) {
   x["bandwidth"] = in.bandwidth;
   x["causal"] = in.causal;
   j["inputs"] = x;
+  if (strategies.empty()) return j;
+  Json st = Json::array();
+  for (const core::StrategyEstimate& s : strategies) {
+    Json o = Json::object();
+    o["strategy"] = s.strategy;
+    o["ulysses_degree"] = static_cast<std::int64_t>(s.U);
+    o["possible"] = s.impossible.empty();
+    if (!s.impossible.empty()) {
+      o["reason"] = s.impossible;
+      st.push_back(o);
+      continue;
+    }
+    o["recv_bytes"] = s.recv_bytes;
+    o["a2a_recv_elems"] = s.a2a_recv_elems;
+    o["lse_recv_elems"] = s.lse_recv_elems;
+    o["a2a_recv_bytes"] = s.a2a_recv_bytes;
+    o["ring_recv_bytes"] = s.ring_recv_bytes;
+    o["step_intensity"] = s.step_intensity > 0 ? Json(s.step_intensity) : Json();
+    o["step_comm_ratio"] = s.step_comm_ratio;
+    o["a2a_s"] = s.a2a_s;
+    o["predicted_s"] = s.predicted_s;
+    o["comm_ratio"] = s.comm_ratio;
+    o["verdict"] = core::verdict_text(s.verdict);
+    st.push_back(o);
+  }
+  j["strategies"] = st;
+  const core::StrategyEstimate& best = core::predicted_best(strategies);
+  j["recommended"] = best.strategy;
+  j["recommended_ulysses_degree"] = static_cast<std::int64_t>(best.U);
   return j;
 }
 

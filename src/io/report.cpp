@@ -59,6 +59,7 @@ Json to_json(const Report& r) {
     tj["backward_s"] = rr.backward_s;
     tj["compute_s"] = rr.compute_s;
     tj["wait_s"] = rr.wait_s;
+    tj["a2a_wait_s"] = rr.a2a_wait_s;
     x["time"] = tj;
     Json w = Json::object();
     w["tile_pairs"] = rr.work.tile_pairs;

@@ -36,7 +36,8 @@ class AttentionJob final : public Job {
   IterationTimes iterate(bool) override {
     pf_ = strategy_->forward();
     pb_ = c_.backward ? strategy_->backward() : PassStats{};
-    return {pf_.total_s, pb_.total_s, pf_.compute_s + pb_.compute_s, pf_.wait_s + pb_.wait_s};
+    return {pf_.total_s, pb_.total_s, pf_.compute_s + pb_.compute_s, pf_.wait_s + pb_.wait_s,
+            pf_.a2a_wait_s + pb_.a2a_wait_s};
   }
 
   std::vector<OutputTensor> outputs() const override {

@@ -101,7 +101,7 @@ std::string trace_text(const comm::Group& g, const std::vector<StepRecord>& step
 }  // namespace
 
 io::Report run_harness(const comm::Group& g, Job& job, StagedOutputs& staged, const HarnessOptions& opt) {
-  std::vector<double> fwd, bwd, comp, wait, fwd_slow, bwd_slow;
+  std::vector<double> fwd, bwd, comp, wait, a2a, fwd_slow, bwd_slow;
   const int total = opt.warmup + opt.iters;
   for (int it = 0; it < total; ++it) {
     if (opt.on_iteration) opt.on_iteration(it, total);
@@ -114,6 +114,7 @@ io::Report run_harness(const comm::Group& g, Job& job, StagedOutputs& staged, co
     bwd.push_back(t.backward_s);
     comp.push_back(t.compute_s);
     wait.push_back(t.wait_s);
+    a2a.push_back(t.a2a_wait_s);
     fwd_slow.push_back(slowest[0]);
     bwd_slow.push_back(slowest[1]);
   }
@@ -134,6 +135,7 @@ io::Report run_harness(const comm::Group& g, Job& job, StagedOutputs& staged, co
   mine.backward_s = median(bwd);
   mine.compute_s = median(comp);
   mine.wait_s = median(wait);
+  mine.a2a_wait_s = median(a2a);
   rep.ranks = g.gather(mine, 0);
   job.finish_report(g, rep);
 

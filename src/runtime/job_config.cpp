@@ -8,6 +8,7 @@
 #include <limits>
 
 #include "ringattn/core/errors.hpp"
+#include "ringattn/core/head_split.hpp"
 #include "ringattn/core/rope.hpp"
 #include "ringattn/core/simd.hpp"
 #include "ringattn/io/json.hpp"
@@ -190,14 +191,26 @@ MemoryPlan memory_plan(const JobConfig& c, const JobPlan& p, int N, Index Lmax) 
   MemoryPlan m;
   m.add("layout tables", 20.0 * S);
   m.add("input shards", es * B * L * (2 * H + 2 * HKV) * D);
-  // The ring's shards, two remote K/V buffers, state, gradient buffers and tile scratch.
-  const double block = 2 * B * HKV * D * L, q = B * H * D * L, rows = B * H * L;
-  double ring = es * (q + block) + ea * (3 * rows + q) + (N > 1 ? es * 2 * block : 0.0);
-  if (c.backward) ring += es * q + ea * (rows + q + block) + (N > 1 ? ea * 3 * block : 0.0);
-  const core::Tiling t = core::resolve_tiling(c.tiling, s.D, std::min<Index>(Lmax, Index(1) << 40), s.G());
+  // The ring's shards, two remote K/V buffers, state, gradient buffers and tile scratch. A
+  // head-parallel strategy runs the ring over groups of U ranks (U times the positions, H/U query
+  // heads and the kv heads they read) between all-to-alls.
+  const int U = p.ulysses_degree;
+  const core::HeadSplit hs = core::split_heads(s, U);
+  const double Lr = L * U, Hr = double(hs.Hu), HKVr = double(hs.HKVu), R = double(N / U);
+  const double block = 2 * B * HKVr * D * Lr, q = B * Hr * D * Lr, rows = B * Hr * Lr;
+  double ring = es * (q + block) + ea * (3 * rows + q) + (R > 1 ? es * 2 * block : 0.0);
+  if (c.backward) ring += es * q + ea * (rows + q + block) + (R > 1 ? ea * 3 * block : 0.0);
+  const core::Tiling t =
+      core::resolve_tiling(c.tiling, s.D, std::min<Index>(Lmax * U, Index(1) << 40), hs.Gu);
   ring += double(p.dtype == DType::f64 ? core::Workspace<double>::bytes(t, s.D)
                                        : core::Workspace<float>::bytes(t, s.D));
   m.add("ring buffers and tile scratch", ring);
+  if (p.strategy != StrategyKind::ring) {  // send, receive and group tensors; their outputs
+    const double qkv = B * Lr * (Hr + 2 * HKVr) * D, ret = B * Lr * std::max(Hr + 2 * HKVr, Hr + Hr / D) * D;
+    double a2a = es * 3 * qkv + ea * (2 * ret + B * Lr * Hr * (D + 1)) + ea * B * L * H * (D + 1);
+    if (c.backward) a2a += es * 3 * B * Lr * Hr * D + ea * (qkv + B * L * (H + 2 * HKV) * D);
+    m.add("all-to-all buffers", a2a);
+  }
   m.add("outputs", ea * B * L * (2 * H * D + H + 2 * HKV * D));
   if (c.rope) m.add("rotated q and k", es * B * L * (H + HKV) * D);
   if (c.layer) {
@@ -288,6 +301,11 @@ JobPlan make_plan(const JobConfig& c, int N) {
     if (sum != p.shape.S)
       throw InputError(fmt::format("--partition: sizes sum to {} but S is {} (expected sum == S)", sum, p.shape.S));
   }
+  p.strategy = parse_strategy(c.strategy);
+  if (c.ulysses_degree && *c.ulysses_degree < 1)
+    throw InputError(fmt::format("--ulysses-degree: {} is not >= 1", *c.ulysses_degree));
+  check_strategy(p.strategy, c.ulysses_degree.value_or(0), p.shape.H, N);
+  p.ulysses_degree = ulysses_degree(p.strategy, c.ulysses_degree.value_or(0), N);
   // Before anything of size S is built.
   const Index Lmax = largest_shard(kind, p.shape.S, N, c.partition);
   admit_memory(memory_plan(c, p, N, Lmax), memory_culprit(c, p), fmt::format("{} ({})", p.shape.str(),
@@ -300,7 +318,6 @@ JobPlan make_plan(const JobConfig& c, int N) {
   else if (c.traffic == "full") p.traffic = core::Traffic::full;
   else if (c.traffic == "skip-empty") p.traffic = core::Traffic::skip_empty_grads;
   else throw InputError(fmt::format("--traffic: unknown plan '{}' (expected full, aware or skip-empty)", c.traffic));
-  p.strategy = parse_strategy(c.strategy);
   p.scale = c.scale ? *c.scale : 1.0 / std::sqrt(double(p.shape.D));
   if (!std::isfinite(p.scale)) throw InputError(fmt::format("--scale: {} is not a finite number", p.scale));
   // The scores are computed in the accumulation type: the scale must be a finite number there too.
@@ -317,9 +334,13 @@ StrategySetup strategy_setup(const JobConfig& c, const JobPlan& p) {
   s.layout = &p.layout;
   s.mask = &p.mask;
   s.scale = p.scale;
-  s.tiling = core::resolve_tiling(c.tiling, p.shape.D, p.layout.max_size(), p.shape.G());
+  // A head-parallel strategy resolves the tiles for the shape its ring attends.
+  s.tiling = p.strategy == StrategyKind::ring
+                 ? core::resolve_tiling(c.tiling, p.shape.D, p.layout.max_size(), p.shape.G())
+                 : c.tiling;
   s.traffic = p.traffic;
   s.kind = p.strategy;
+  s.ulysses_degree = p.ulysses_degree;
   s.hooks = c.hooks;
   s.on_step = c.progress.step;
   return s;
@@ -353,6 +374,7 @@ std::vector<PlanField> plan_fields(const JobConfig& c, const JobPlan& p) {
       {"the shard sizes (--partition and the layout)", join(p.layout.sizes())},
       {"--scale", num(p.scale)},
       {"--strategy", strategy_name(p.strategy)},
+      {"the Ulysses degree (--ulysses-degree and the strategy)", std::to_string(p.ulysses_degree)},
       {"--traffic", c.traffic},
       {"--rope", c.rope ? num(*c.rope) : "off"},
       {"--no-backward", c.backward ? "off" : "on"},
@@ -417,6 +439,7 @@ io::Json config_json(const JobConfig& c, const JobPlan& p, int N) {
   j["traffic"] = c.traffic;
   j["rope"] = c.rope ? io::Json(*c.rope) : io::Json();
   j["strategy"] = strategy_name(p.strategy);
+  j["ulysses_degree"] = p.ulysses_degree;
   if (c.layer) {
     j["layer"] = true;
     j["model_dim"] = p.model_dim;

@@ -51,7 +51,8 @@ class LayerJob final : public LayerJobBase {
     // compute: attention kernels, GEMMs and RoPE; wait: exposed transfers and exposed reductions
     return {sf_.total_s, sb_.total_s,
             sf_.attention.compute_s + sb_.attention.compute_s + sf_.gemm_s + sb_.gemm_s + sf_.rope_s + sb_.rope_s,
-            sf_.attention.wait_s + sb_.attention.wait_s + sb_.dwo.exposed_s + sb_.dwqkv.exposed_s};
+            sf_.attention.wait_s + sb_.attention.wait_s + sb_.dwo.exposed_s + sb_.dwqkv.exposed_s,
+            sf_.attention.a2a_wait_s + sb_.attention.a2a_wait_s};
   }
 
   void record() {

@@ -13,6 +13,7 @@
 #include "ringattn/runtime/agreement.hpp"
 #include "ringattn/runtime/job_config.hpp"
 #include "ringattn/runtime/ring_attention.hpp"
+#include "ringattn/runtime/strategy.hpp"
 
 namespace ringattn::runtime {
 
@@ -114,6 +115,92 @@ void measure_ring(const comm::Comm& comm, const ProbeConfig& c, const core::Layo
   p.exposed_wait_ratio = median(exposed);
 }
 
+// The strategies named, in order; usp once per U (the one given, or every U with 1 < U < N dividing
+// N). Those the rules forbid keep the reason.
+std::vector<StrategyProbe> strategy_list(const ProbeConfig& c, Index H, int N) {
+  std::vector<StrategyProbe> out;
+  for (const std::string& name : c.strategies) {
+    const StrategyKind k = parse_strategy(name);
+    std::vector<int> degrees;
+    if (k != StrategyKind::usp) degrees = {ulysses_degree(k, 0, N)};
+    else if (c.ulysses_degree) degrees = {*c.ulysses_degree};
+    else
+      for (int U = 2; U < N; ++U)
+        if (N % U == 0) degrees.push_back(U);
+    if (degrees.empty()) {
+      StrategyProbe x;
+      x.strategy = name;
+      x.ulysses_degree = 0;
+      x.forbidden = fmt::format("no Ulysses degree U with 1 < U < N divides N={} (U = 1 is ring, U = N ulysses)", N);
+      out.push_back(x);
+    }
+    for (int U : degrees) {
+      StrategyProbe x;
+      x.strategy = name;
+      x.ulysses_degree = U;
+      x.forbidden = strategy_rule_violation(k, k == StrategyKind::usp ? U : 0, H, N);
+      out.push_back(x);
+    }
+  }
+  return out;
+}
+
+// Forward and backward of one strategy for this shape on the live ranks, a few times.
+template <class T>
+void measure_strategy(const comm::Comm& comm, const ProbeConfig& c, const core::Layout& layout,
+                      const core::Mask& mask, const core::Shape& s, StrategyProbe& x) {
+  const int r = comm.rank();
+  const Index Lr = layout.size(r);
+  const auto runs = layout.runs(r);
+  std::vector<T> q(s.B * Lr * s.H * s.D), k(s.B * Lr * s.HKV * s.D), v(k.size()), dout(q.size());
+  core::generate_positions<T>(0, core::InputTensor::q, s.B, s.S, s.H * s.D, runs, Lr, q.data());
+  core::generate_positions<T>(0, core::InputTensor::k, s.B, s.S, s.HKV * s.D, runs, Lr, k.data());
+  core::generate_positions<T>(0, core::InputTensor::v, s.B, s.S, s.HKV * s.D, runs, Lr, v.data());
+  core::generate_positions<T>(0, core::InputTensor::dout, s.B, s.S, s.H * s.D, runs, Lr, dout.data());
+  StrategySetup setup;
+  setup.shape = s;
+  setup.layout = &layout;
+  setup.mask = &mask;
+  setup.scale = 1.0 / std::sqrt(double(s.D));
+  setup.kind = parse_strategy(x.strategy);
+  setup.ulysses_degree = x.ulysses_degree;
+  // As `run` does: the ring's tiles for its shards; a head-parallel strategy resolves its own.
+  if (setup.kind == StrategyKind::ring)
+    setup.tiling = core::resolve_tiling(setup.tiling, s.D, layout.max_size(), s.G());
+  auto st = make_strategy<T>(comm, setup);
+  st->load(q.data(), k.data(), v.data());
+  st->load_dout(dout.data());
+  struct Sample {
+    double fwd, bwd, wait, a2a;
+  };
+  auto once = [&] {
+    comm.barrier();
+    const PassStats f = st->forward();
+    const PassStats b = st->backward();
+    double v4[4] = {f.total_s, b.total_s, f.wait_s + b.wait_s, f.a2a_wait_s + b.a2a_wait_s};
+    comm.allreduce_max(v4);
+    return Sample{v4[0], v4[1], v4[2], v4[3]};
+  };
+  const Sample warm = once();
+  const int reps = repetitions(comm, warm.fwd + warm.bwd, c.budget_s, c.bw.iters);
+  std::vector<double> fwd, bwd, wait, a2a;
+  for (int i = 0; i < reps; ++i) {
+    const Sample y = once();
+    fwd.push_back(y.fwd);
+    bwd.push_back(y.bwd);
+    wait.push_back(y.wait);
+    a2a.push_back(y.a2a);
+  }
+  x.iters = reps;
+  x.forward_s = median(fwd);
+  x.backward_s = median(bwd);
+  x.exposed_wait_s = median(wait);
+  x.a2a_wait_s = median(a2a);
+  std::int64_t recv = st->ledger().recv_bytes;
+  comm.allreduce_max(std::span<std::int64_t>(&recv, 1));
+  x.recv_bytes = recv;
+}
+
 template <class T>
 Probe probe_typed(const comm::Comm& comm, const ProbeConfig& c, const core::Shape& shape, core::DType dtype) {
   Probe p;
@@ -148,6 +235,45 @@ Probe probe_typed(const comm::Comm& comm, const ProbeConfig& c, const core::Shap
     p.measured_step_comm_s = one.time_s;
     p.measured_comm_ratio = p.measured_step_compute_s > 0 ? p.measured_step_comm_s / p.measured_step_compute_s : 0;
   }
+  // The strategies, timed; and what the cost model predicts with this machine's figures.
+  p.strategies = strategy_list(c, shape.H, p.N);
+  double best = 0;
+  for (std::size_t i = 0; i < p.strategies.size(); ++i) {
+    StrategyProbe& x = p.strategies[i];
+    if (!x.forbidden.empty()) continue;
+    measure_strategy<T>(comm, c, layout, mask, shape, x);
+    if (p.recommended < 0 || x.forward_s + x.backward_s < best) {
+      p.recommended = static_cast<int>(i);
+      best = x.forward_s + x.backward_s;
+    }
+  }
+  if (!p.strategies.empty()) {
+    core::CostInputs in;
+    in.S = shape.S;
+    in.N = p.N;
+    in.H = shape.H;
+    in.HKV = shape.HKV;
+    in.D = shape.D;
+    in.B = shape.B;
+    in.bytes = elem;
+    in.flops = p.compute_flops > 0 ? p.compute_flops : 1e9;
+    in.bandwidth = p.N > 1 && p.block_gbps > 0 ? p.block_gbps * 1e9 : 1e9;
+    in.causal = c.causal;
+    const std::vector<core::StrategyEstimate> est = core::estimate_strategies(in);
+    // The prediction among the strategies that were run.
+    const core::StrategyEstimate* pick = nullptr;
+    for (const core::StrategyEstimate& e : est) {
+      if (!e.impossible.empty()) continue;
+      bool measured = false;
+      for (const StrategyProbe& x : p.strategies)
+        measured = measured || (x.forbidden.empty() && x.strategy == e.strategy && x.ulysses_degree == e.U);
+      if (measured && (!pick || e.predicted_s < pick->predicted_s)) pick = &e;
+    }
+    if (pick) {
+      p.plan_recommended = pick->strategy;
+      p.plan_recommended_degree = static_cast<int>(pick->U);
+    }
+  }
   return p;
 }
 
@@ -169,6 +295,12 @@ Probe run_probe(const comm::Comm& comm, const ProbeConfig& c) {
   if (c.bw.iters < 1) throw InputError(fmt::format("--iters: {} is not >= 1", c.bw.iters));
   if (!(c.budget_s > 0))
     throw InputError(fmt::format("--budget: {} is not a positive time (expected SEC > 0)", c.budget_s));
+  if (c.ulysses_degree && *c.ulysses_degree < 1)
+    throw InputError(fmt::format("--ulysses-degree: {} is not >= 1", *c.ulysses_degree));
+  bool usp = false;
+  for (const std::string& name : c.strategies) usp = usp || parse_strategy(name) == StrategyKind::usp;
+  if (c.ulysses_degree && !usp)
+    throw InputError("--ulysses-degree: only applies when --strategies names usp");
   const double shard = double(s.B) * double(s.S) / comm.size() * double(2 * s.H + 4 * s.HKV) * s.D * 8.0;
   if (shard > 64e9) throw InputError(fmt::format("shape {} is too large to probe on one rank", s.str()));
   });
@@ -191,6 +323,11 @@ io::Json probe_json(const ProbeConfig& c, const Probe& p) {
   cfg["min_bytes"] = c.bw.min_bytes;
   cfg["max_bytes"] = c.bw.max_bytes;
   cfg["iters"] = c.bw.iters;
+  if (!c.strategies.empty()) {
+    io::Json names = io::Json::array();
+    for (const std::string& n : c.strategies) names.push_back(n);
+    cfg["strategies"] = names;
+  }
   j["config"] = cfg;
   io::Json bw = io::Json::array();
   for (const comm::BandwidthSample& b : p.bandwidth) {
@@ -219,6 +356,32 @@ io::Json probe_json(const ProbeConfig& c, const Probe& p) {
   j["measured_comm_ratio"] = p.measured_comm_ratio;
   j["exposed_wait_ratio"] = p.exposed_wait_ratio;
   j["verdict"] = core::verdict_text(core::verdict_for(p.measured_comm_ratio, comms));
+  if (c.strategies.empty()) return j;
+  io::Json st = io::Json::array();
+  for (const StrategyProbe& x : p.strategies) {
+    io::Json o = io::Json::object();
+    o["strategy"] = x.strategy;
+    o["ulysses_degree"] = x.ulysses_degree;
+    if (!x.forbidden.empty()) {
+      o["run"] = false;
+      o["reason"] = x.forbidden;
+    } else {
+      o["run"] = true;
+      o["forward_s"] = x.forward_s;
+      o["backward_s"] = x.backward_s;
+      o["recv_bytes"] = x.recv_bytes;
+      o["exposed_wait_s"] = x.exposed_wait_s;
+      o["a2a_wait_s"] = x.a2a_wait_s;
+      o["iters"] = x.iters;
+    }
+    st.push_back(o);
+  }
+  j["strategies"] = st;
+  const bool any = p.recommended >= 0;
+  j["recommended"] = any ? io::Json(p.strategies[p.recommended].strategy) : io::Json();
+  j["recommended_ulysses_degree"] = any ? io::Json(p.strategies[p.recommended].ulysses_degree) : io::Json();
+  j["plan_recommended"] = p.plan_recommended.empty() ? io::Json() : io::Json(p.plan_recommended);
+  j["plan_recommended_ulysses_degree"] = p.plan_recommended.empty() ? io::Json() : io::Json(p.plan_recommended_degree);
   return j;
 }
 

@@ -2,6 +2,8 @@
 
 #include <sys/resource.h>
 
+#include <fmt/format.h>
+
 #include "jobs.hpp"
 #include "ringattn/core/errors.hpp"
 #include "ringattn/runtime/agreement.hpp"
@@ -64,7 +66,8 @@ RunResult run_job(comm::Comm& comm, const JobConfig& c) {
   StagedOutputs staged(comm, paths);  // every output path checked before anything is computed
   RunResult res = core::with_storage(p.dtype, [&]<class S>() { return run_typed<S>(comm, c, p, staged); });
   res.facts = JobFacts{p.shape,    p.dtype,   p.mask.describe(), core::layout_name(p.layout.kind()),
-                       strategy_name(p.strategy), comm.size(), c.iters, c.backward, c.layer, p.mask.causal(),
+                       p.strategy == StrategyKind::usp ? fmt::format("usp U={}", p.ulysses_degree) : strategy_name(p.strategy),
+                       comm.size(), c.iters, c.backward, c.layer, p.mask.causal(),
                        p.model_dim, c.rope};
   return res;
 }

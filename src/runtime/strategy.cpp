@@ -4,6 +4,7 @@
 
 #include "ringattn/core/errors.hpp"
 #include "ringattn/runtime/ring_attention.hpp"
+#include "ringattn/runtime/usp_attention.hpp"
 
 namespace ringattn::runtime {
 
@@ -18,12 +19,50 @@ const char* strategy_name(StrategyKind k) {
 
 StrategyKind parse_strategy(const std::string& name) {
   if (name == "ring") return StrategyKind::ring;
-  throw InputError(fmt::format("--strategy: unknown strategy '{}' (expected ring)", name));
+  if (name == "ulysses") return StrategyKind::ulysses;
+  if (name == "usp") return StrategyKind::usp;
+  throw InputError(fmt::format("--strategy: unknown strategy '{}' (expected ring, ulysses or usp)", name));
+}
+
+int ulysses_degree(StrategyKind k, int given, int N) {
+  switch (k) {
+    case StrategyKind::ring: return 1;
+    case StrategyKind::ulysses: return N;
+    case StrategyKind::usp: return given;
+  }
+  return 1;
+}
+
+std::string strategy_rule_violation(StrategyKind k, int given, Index H, int N) {
+  if (k == StrategyKind::ulysses && H % N != 0)
+    return fmt::format("--strategy ulysses: H={} query heads do not split over N={} ranks (expected H % N == 0); "
+                       "use --strategy usp with a --ulysses-degree that divides H and N, or --strategy ring",
+                       H, N);
+  if (k != StrategyKind::usp) return {};
+  if (given == 0)
+    return "--strategy usp: needs --ulysses-degree U (U divides N and H; U = 1 is ring, U = N is ulysses)";
+  if (given < 1) return fmt::format("--ulysses-degree: {} is not >= 1", given);
+  if (N % given != 0)
+    return fmt::format("--ulysses-degree: U={} does not divide N={} ranks (expected N % U == 0)", given, N);
+  if (H % given != 0)
+    return fmt::format("--ulysses-degree: H={} query heads do not split over U={} ranks (expected H % U == 0); "
+                       "use a U that divides H and N, or --strategy ring",
+                       H, given);
+  return {};
+}
+
+void check_strategy(StrategyKind k, int given, Index H, int N) {
+  if (given != 0 && k != StrategyKind::usp)
+    throw InputError(fmt::format("--ulysses-degree: only applies with --strategy usp (--strategy {} uses U = {})",
+                                 strategy_name(k), ulysses_degree(k, given, N)));
+  const std::string why = strategy_rule_violation(k, given, H, N);
+  if (!why.empty()) throw InputError(why);
 }
 
 template <class S>
 std::unique_ptr<Strategy<S>> make_strategy(const comm::Comm& comm, const StrategySetup& setup) {
-  return std::make_unique<RingAttention<S>>(comm, setup);
+  if (setup.kind == StrategyKind::ring) return std::make_unique<RingAttention<S>>(comm, setup);
+  return std::make_unique<UspAttention<S>>(comm, setup);
 }
 
 template std::unique_ptr<Strategy<float>> make_strategy<float>(const comm::Comm&, const StrategySetup&);

@@ -111,6 +111,61 @@ def report_fields(traffic):
             check((rr["work"]["tile_pairs"] > 0) == (sizes[r] > 0), f"rank {r} did work iff it has positions")
 
 
+def a2a_closed_form(sizes, U, B, H, HKV, D, r):
+    """The all-to-all elements of rank r under usp with groups of U consecutive ranks (independent of
+    the C++): member u holds H/U query heads and H/U / gcd(H/U, H/HKV) kv heads."""
+    import math
+    Hu = H // U
+    HKVu = Hu // math.gcd(Hu, H // HKV)
+    e = Hu + 2 * HKVu
+    g = r // U
+    out = dict(a2a_fwd_send_elems=0, a2a_fwd_recv_elems=0, a2a_bwd_send_elems=0, a2a_bwd_recv_elems=0)
+    for w in range(g * U, g * U + U):
+        if w == r:
+            continue
+        Lr, Lw = sizes[r], sizes[w]
+        out["a2a_fwd_send_elems"] += B * D * (Lr * e + Lw * Hu) + B * Hu * Lw
+        out["a2a_fwd_recv_elems"] += B * D * (Lw * e + Lr * Hu) + B * Hu * Lr
+        out["a2a_bwd_send_elems"] += B * D * (Lr * Hu + Lw * e)
+        out["a2a_bwd_recv_elems"] += B * D * (Lw * Hu + Lr * e)
+    return out
+
+
+# usp and ulysses in the report and the trace: config names the strategy and U, the ledger's
+# all-to-all fields are the closed form, the bytes count everything, each all-to-all is a trace step.
+def test_strategy_report():
+    sizes = [6, 0, 7, 8]
+    for strategy, U, H, HKV in (("usp", 2, 4, 2), ("ulysses", 4, 4, 1)):
+        print(f"--strategy {strategy} (U={U}, H={H}, HKV={HKV})")
+        with tempfile.TemporaryDirectory() as d:
+            extra = ["--ulysses-degree", U] if strategy == "usp" else []
+            p = ringattn(4, "run", "--seq", 21, "--batch", 2, "--heads", H, "--kv-heads", HKV,
+                         "--head-dim", 8, "--dtype", "f64", "--causal", "--partition", "6,0,7,8", "--check",
+                         "--strategy", strategy, *extra, "--report", f"{d}/r.json", "--trace", f"{d}/t.jsonl")
+            check(p.returncode == 0 and "PASSED" in p.stdout, f"exit 0, check passed ({p.returncode})")
+            label = f"usp U={U}" if strategy == "usp" else strategy
+            check(p.stdout.splitlines()[0].endswith(f"strategy {label}"), f"summary names {label}")
+            rep = json.load(open(f"{d}/r.json"))
+            check(rep["config"].get("strategy") == strategy and rep["config"].get("ulysses_degree") == U,
+                  f"config.strategy {rep['config'].get('strategy')}, ulysses_degree {rep['config'].get('ulysses_degree')}")
+            steps = [json.loads(l) for l in open(f"{d}/t.jsonl") if l.strip()]
+            for r, rr in enumerate(rep["ranks"]):
+                led = rr["ledger"]
+                for k, v in a2a_closed_form(sizes, U, 2, H, HKV, 8, r).items():
+                    check(led.get(k) == v, f"rank {r} ledger.{k} = {led.get(k)} (closed form {v})")
+                moved = lambda side: sum(led[f"{k}_{side}_elems"] for k in ("fwd_kv", "replay_kv", "grad", "a2a_fwd",
+                                                                             "a2a_bwd"))
+                check(led["send_bytes"] == 8 * moved("send") and led["recv_bytes"] == 8 * moved("recv"),
+                      f"rank {r}: send_bytes and recv_bytes count everything ({led['send_bytes']}, {led['recv_bytes']})")
+                t = rr["time"]
+                check(0 < t.get("a2a_wait_s", 0) <= t["wait_s"] + 1e-12, f"rank {r}: 0 < a2a_wait_s <= wait_s ({t})")
+                a2a = [s for s in steps if s["rank"] == r and s.get("phase") == "all-to-all"]
+                check(len(a2a) == 4 and all(s["src"] == -1 for s in a2a), f"rank {r}: two all-to-alls per pass")
+                a2a_elems = sum(led[k] for k in ("a2a_fwd_send_elems", "a2a_fwd_recv_elems", "a2a_bwd_send_elems",
+                                                 "a2a_bwd_recv_elems"))
+                check(sum(s["bytes"] for s in a2a) == 8 * a2a_elems, f"rank {r}: the all-to-all steps' bytes")
+
+
 def test_seed_outputs_independent_of_n():
     with tempfile.TemporaryDirectory() as d:
         outs = []

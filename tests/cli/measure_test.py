@@ -43,7 +43,8 @@ def test_plan_seed_figures():
             "--bytes", 2, "--flops", 312e12, "--bandwidth", 300e9]
     j = plan(*seed)
     check(list(j)[:len(PLAN_KEYS)] == PLAN_KEYS, f"the issue's keys, in order: {list(j)}")
-    check(set(j) == set(PLAN_KEYS) | {"inputs"}, "nothing but the issue's keys and the echoed inputs")
+    check(set(j) == set(PLAN_KEYS) | {"inputs", "strategies", "recommended", "recommended_ulysses_degree"},
+          "nothing but the issue's keys, the echoed inputs and the strategies")
     want = {"recv_bytes": 0.94e9, "send_bytes": 0.94e9, "step_intensity": 131072, "layer_intensity": 149797,
             "beta": 1040, "compute_s": 0.451, "comm_s": 3.13e-3, "comm_ratio": 0.0069, "step_compute_s": 56.4e-3,
             "step_comm_s": 0.447e-3, "causal_utilization": 0.563, "causal_utilization_tri": 0.533,
@@ -51,6 +52,15 @@ def test_plan_seed_figures():
     for k, v in want.items():
         close(j.get(k), v, 0.01, k)
     check(j.get("verdict") == "overlap has room", f"verdict {j.get('verdict')}")
+    # the strategies side by side: ring, ulysses (the same 0.587 GB, as elements at p = 2), usp U=2, U=4
+    st = j.get("strategies", [])
+    check([(x.get("strategy"), x.get("ulysses_degree")) for x in st] ==
+          [("ring", 1), ("ulysses", 8), ("usp", 2), ("usp", 4)], f"strategies {st}")
+    if len(st) == 4:
+        close(st[1].get("a2a_recv_elems", 0) * 2, 0.587e9, 0.01, "ulysses a2a elements x p")
+        close(st[0].get("recv_bytes"), 0.94e9, 0.01, "ring bytes in the strategies")
+    check(j.get("recommended") == "ring" and j.get("recommended_ulysses_degree") == 1,
+          f"recommended {j.get('recommended')}")
     inp = j.get("inputs", {})
     check(inp.get("seq") == 262144 and inp.get("ranks") == 8 and inp.get("kv_heads") == 8 and
           inp.get("causal") is False, f"inputs echoed: {inp}")
@@ -139,6 +149,45 @@ def test_probe_one_rank():
           f"--max-bytes below --min-bytes: exit 2, one line ({p.returncode}: {lines})")
 
 
+# The acceptance line: probe --strategies ring,ulysses --json at N=2 reports both, and "recommended"
+# is the one with the smaller measured forward + backward; usp has no U between 1 and N=2 and is
+# listed with the reason, not run; H=3 forbids ulysses.
+def test_probe_strategies():
+    cmd = [ARGS.mpirun, "-np", 2, ARGS.binary, "probe", "--seq", 512, "--heads", 4, "--head-dim", 32,
+           "--max-bytes", 1 << 20, "--budget", 0.2, "--json"]
+    p = run(cmd + ["--strategies", "ring,ulysses,usp"], timeout=60)
+    check(p.returncode == 0, f"exit 0 ({p.stderr.strip()[-300:]})")
+    j = json.loads(p.stdout) if p.returncode == 0 else {}
+    st = j.get("strategies", [])
+    check([x.get("strategy") for x in st] == ["ring", "ulysses", "usp"], f"strategies in order: {st}")
+    ran = [x for x in st if x.get("run")]
+    check(len(ran) == 2, "ring and ulysses run")
+    for x in ran:
+        ok = all(x.get(k) is not None for k in ("ulysses_degree", "forward_s", "backward_s", "recv_bytes",
+                                                 "exposed_wait_s"))
+        check(ok and x["forward_s"] > 0 and x["backward_s"] > 0 and x["recv_bytes"] > 0, f"measured: {x}")
+    if len(ran) == 2:
+        best = min(ran, key=lambda x: x["forward_s"] + x["backward_s"])
+        check(j.get("recommended") == best["strategy"], f"recommended {j.get('recommended')} = {best['strategy']}")
+        check(ran[0]["ulysses_degree"] == 1 and ran[1]["ulysses_degree"] == 2, "U: ring 1, ulysses N")
+        # ulysses at N=2, HKV = H: (N-1)/N B (S/N) (2H + 2HKV) D per pass plus the forward's LSE, in f32
+        moved = 1 * 256 * (8 + 8) * 32 // 2
+        check(ran[1]["recv_bytes"] == 4 * (2 * moved + 256 * 4 // 2), f"ulysses recv_bytes {ran[1]['recv_bytes']}")
+    check(st and not st[-1].get("run") and "divides" in st[-1].get("reason", ""), f"usp not run: {st[-1:]}")
+    check(j.get("plan_recommended") in ("ring", "ulysses"), f"plan_recommended {j.get('plan_recommended')}")
+    p = run([ARGS.mpirun, "-np", 2, ARGS.binary, "probe", "--seq", 64, "--heads", 3, "--head-dim", 8,
+             "--max-bytes", 65536, "--budget", 0.1, "--json", "--strategies", "ulysses,ring"], timeout=60)
+    j = json.loads(p.stdout) if p.returncode == 0 else {}
+    st = j.get("strategies", [])
+    check(len(st) == 2 and not st[0].get("run") and "H % N == 0" in st[0].get("reason", "") and st[1].get("run"),
+          f"H=3: ulysses listed with the rule, ring run: {st}")
+    check(j.get("recommended") == "ring", f"recommended ring ({j.get('recommended')})")
+    p = run([ARGS.mpirun, "-np", 2, ARGS.binary, "probe", "--strategies", "ring,tree"])
+    lines = [l for l in p.stderr.splitlines() if l.startswith("ringattn")]
+    check(p.returncode == 2 and len(lines) == 1 and "ring, ulysses or usp" in lines[0],
+          f"unknown strategy: exit 2, one line ({p.returncode}: {lines})")
+
+
 # scripts/sweep.sh then scripts/plot.py, on a small grid: a CSV row per run and three PNGs.
 def test_sweep_plot():
     try:
@@ -174,10 +223,28 @@ def test_sweep_plot():
             check(4 / 3 - 1e-5 <= x <= 3 / 2 + 1e-5, f"S={r['S']}: contiguous causal imbalance {x:.4f} in [4/3, 3/2]")
         p = run(["/usr/bin/python3", f"{ARGS.root}/scripts/plot.py", out, "--beta", 20])
         check(p.returncode == 0, f"plot.py exit 0 ({p.stderr.strip()[-400:]})")
-        for k in ("time", "wait", "imbalance"):
+        for k in ("time", "wait", "imbalance", "strategies"):
             f = f"{d}/s_{k}.png"
             ok = os.path.exists(f) and open(f, "rb").read(8) == b"\x89PNG\r\n\x1a\n" and os.path.getsize(f) > 10000
             check(ok, f"{k} chart is a PNG")
+        # the strategy axis: usp:3 does not divide N=2 and is skipped, said so; every other point checked
+        out = f"{d}/st.csv"
+        p = subprocess.run(["bash", f"{ARGS.root}/scripts/sweep.sh", "--ranks", "2", "--seqs", "128 256",
+                            "--layouts", "zigzag", "--masks", "causal", "--heads", "4", "--head-dim", "16",
+                            "--strategies", "ring ulysses usp:2 usp:3", "--no-probe", "--out", out],
+                           env=sweep_env, capture_output=True, text=True, timeout=300)
+        check(p.returncode == 0 and "N=2:usp:3" in p.stderr, f"strategy sweep exit 0 ({p.stderr.strip()[-400:]})")
+        rows = list(csv.DictReader(open(out))) if os.path.exists(out) else []
+        got = [(r["strategy"], r["ulysses_degree"], r["S"]) for r in rows]
+        want = [(st, u, s) for st, u in (("ring", "1"), ("ulysses", "2"), ("usp", "2")) for s in ("128", "256")]
+        check(got == want, f"one row per strategy and S: {got}")
+        for r in rows:
+            what = f"{r['strategy']} U={r['ulysses_degree']} S={r['S']}"
+            check(r["status"] == "ok" and float(r["max_error"]) <= 3e-4, f"{what}: ran and checked")
+            check((float(r["a2a_wait_s"]) > 0) == (r["strategy"] != "ring"), f"{what}: all-to-all wait iff not ring")
+        p = run(["/usr/bin/python3", f"{ARGS.root}/scripts/plot.py", out])
+        check(p.returncode == 0 and os.path.getsize(f"{d}/st_strategies.png") > 10000,
+              f"plot.py draws the strategies ({p.stderr.strip()[-300:]})")
 
 
 def test_sweep_bad_input():
@@ -188,7 +255,8 @@ def test_sweep_bad_input():
         sweep_env = dict(env(), RINGATTN_BUILD=os.path.dirname(ARGS.binary))
         for args, word in ((["--seqs", "0"], "--seqs"), (["--ranks", "1 x"], "--ranks"),
                            (["--layouts", "diagonal"], "--layouts"), (["--dtype", "f128"], "--dtype"),
-                           (["--heads", "4", "--kv-heads", "3"], "--kv-heads")):
+                           (["--heads", "4", "--kv-heads", "3"], "--kv-heads"),
+                           (["--strategies", "ring tree"], "--strategies"), (["--strategies", "usp"], "--strategies")):
             p = subprocess.run(["bash", f"{ARGS.root}/scripts/sweep.sh", *args, "--no-probe", "--out", out],
                                env=sweep_env, capture_output=True, text=True, timeout=60)
             lines = [l for l in p.stderr.splitlines() if l.strip()]

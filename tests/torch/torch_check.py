@@ -78,6 +78,9 @@ def parse_args(argv=None):
     p.add_argument("--logit-scale", type=float, default=1.0,
                    help="multiply q by this (e.g. 40: logits large enough to overflow exp)")
     p.add_argument("--seed", type=int, default=0, help="numpy seed for the inputs")
+    p.add_argument("--strategy", choices=["ring", "ulysses", "usp"], default=None,
+                   help="passed to ringattn run (default: its default, ring)")
+    p.add_argument("--ulysses-degree", type=int, default=None, help="usp: ranks per all-to-all group U")
     p.add_argument("--workdir", default=None,
                    help="parent of the scratch dir (kept); default: system temp, removed on success")
     p.add_argument("--mpirun", default="mpirun", help="mpirun / mpiexec executable")
@@ -246,6 +249,10 @@ def run_binary(args, in_dir, out_dir):
         cmd += ["--doc-lens", ",".join(map(str, args.doc_lens))]
     if args.scale is not None:
         cmd += ["--scale", repr(args.scale)]
+    if args.strategy is not None:
+        cmd += ["--strategy", args.strategy]
+    if args.ulysses_degree is not None:
+        cmd += ["--ulysses-degree", str(args.ulysses_degree)]
     print("run:", " ".join(cmd), flush=True)
 
     env = dict(os.environ, **MPI_ENV)

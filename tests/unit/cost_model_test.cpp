@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "ringattn/core/errors.hpp"
+#include "ringattn/core/head_split.hpp"
 
 using namespace ringattn;
 using namespace ringattn::core;
@@ -231,4 +232,56 @@ TEST(CostModel, RejectsBadInputsNamingTheOption) {
   in = kSeed;
   in.bytes = std::nan("");
   EXPECT_EQ(message(in).rfind("--bytes:", 0), 0u) << message(in);
+}
+
+// The strategies side by side: ulysses receives what the runtime's all-to-all ledger counts, the
+// seed's 0.587 GB without LSE; the ring row is the ring's own figures; usp sits between.
+TEST(CostModel, StrategiesSideBySide) {
+  const std::vector<StrategyEstimate> st = estimate_strategies(kSeed);
+  ASSERT_EQ(st.size(), 4u);  // ring, ulysses, usp U=2, usp U=4
+  const CostEstimate ring = estimate_cost(kSeed);
+  EXPECT_EQ(st[0].strategy, "ring");
+  EXPECT_DOUBLE_EQ(st[0].recv_bytes, ring.recv_bytes);
+  EXPECT_DOUBLE_EQ(st[0].step_intensity, ring.step_intensity);
+  EXPECT_EQ(st[0].a2a_recv_elems, 0);
+  EXPECT_EQ(st[1].strategy, "ulysses");
+  EXPECT_DOUBLE_EQ(st[1].a2a_recv_elems * kSeed.bytes, ring.ulysses_recv_bytes);
+  EXPECT_EQ(st[1].ring_recv_bytes, 0);
+  EXPECT_EQ(st[2].U, 2);
+  EXPECT_EQ(st[3].U, 4);
+  for (const StrategyEstimate& e : st) EXPECT_TRUE(e.impossible.empty()) << e.strategy;
+  EXPECT_GT(st[2].recv_bytes, st[1].recv_bytes);
+  EXPECT_LT(st[2].recv_bytes, st[0].recv_bytes);
+  EXPECT_EQ(predicted_best(st).strategy, "ring");  // NVLink hides the ring; the all-to-all is exposed
+}
+
+// The number plan prints is the one the runtime's ledger counts (elements, LSE apart).
+TEST(CostModel, UlyssesElementsAreTheLedgersClosedForm) {
+  CostInputs in;
+  in.S = 64;
+  in.N = 4;
+  in.H = 8;
+  in.HKV = 4;
+  in.D = 16;
+  in.B = 2;
+  const StrategyEstimate u = estimate_strategies(in)[1];
+  const Ledger l = expected_a2a_ledger(Layout::contiguous(64, 4), Shape{2, 64, 8, 4, 16}, 4, 1, true, 4, 4);
+  EXPECT_DOUBLE_EQ(u.a2a_recv_elems + u.lse_recv_elems, double(l.a2a_fwd_recv_elems));
+  EXPECT_DOUBLE_EQ(u.a2a_recv_elems, double(l.a2a_bwd_recv_elems));
+}
+
+TEST(CostModel, StrategiesTheShapeForbidsAreNamed) {
+  CostInputs in;
+  in.N = 4;
+  in.H = 6;
+  in.HKV = 2;
+  const std::vector<StrategyEstimate> st = estimate_strategies(in);
+  ASSERT_EQ(st.size(), 3u);
+  EXPECT_TRUE(st[0].impossible.empty());
+  EXPECT_NE(st[1].impossible.find("H % N == 0"), std::string::npos) << st[1].impossible;
+  EXPECT_TRUE(st[2].impossible.empty());  // usp U = 2 splits 6 heads
+  in.H = 3;
+  in.HKV = 1;
+  EXPECT_NE(estimate_strategies(in)[2].impossible.find("H % U == 0"), std::string::npos);
+  EXPECT_EQ(predicted_best(estimate_strategies(in)).strategy, "ring");
 }

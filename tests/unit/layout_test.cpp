@@ -100,3 +100,20 @@ TEST(Layout, ParseRejectsUnknownNames) {
   EXPECT_EQ(parse_layout_kind("zigzag"), LayoutKind::zigzag);
   EXPECT_THROW(parse_layout_kind("diagonal"), ringattn::InputError);
 }
+
+// A Ulysses group owns the union of its members' positions, in increasing order; the ring over the
+// groups sees one shard per group.
+TEST(Layout, GroupedTakesTheUnionOfConsecutiveRanks) {
+  const Layout z = Layout::zigzag(16, 4);  // chunks of 2: rank r owns chunks r and 7-r
+  const Layout g = Layout::grouped(z, 2);
+  ASSERT_EQ(g.ranks(), 2);
+  EXPECT_EQ(g.kind(), LayoutKind::zigzag);
+  const std::vector<Index> g0(g.positions(0).begin(), g.positions(0).end());
+  const std::vector<Index> g1(g.positions(1).begin(), g.positions(1).end());
+  EXPECT_EQ(g0, (std::vector<Index>{0, 1, 2, 3, 12, 13, 14, 15}));
+  EXPECT_EQ(g1, (std::vector<Index>{4, 5, 6, 7, 8, 9, 10, 11}));
+  for (Index p = 0; p < 16; ++p) EXPECT_EQ(g.owner(p), z.owner(p) / 2);
+  EXPECT_EQ(Layout::grouped(z, 1).sizes(), z.sizes());
+  EXPECT_EQ(Layout::grouped(z, 4).sizes(), std::vector<Index>{16});
+  EXPECT_THROW(Layout::grouped(z, 3), ringattn::InputError);
+}

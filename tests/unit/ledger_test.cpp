@@ -1,4 +1,5 @@
 #include "ringattn/core/ledger.hpp"
+#include "ringattn/core/head_split.hpp"
 
 #include <gtest/gtest.h>
 
@@ -53,4 +54,48 @@ TEST(Ledger, ForwardOnlyMovesNoGradients) {
   const Ledger x = expected_ledger(Layout::contiguous(9, 3), Shape{1, 9, 2, 2, 4}, 1, false);
   EXPECT_EQ(x.replay_kv_send_elems + x.replay_kv_recv_elems + x.grad_send_elems + x.grad_recv_elems, 0);
   EXPECT_GT(x.fwd_kv_send_elems, 0);
+}
+
+// Member u holds query heads [u Hu, (u+1) Hu) and the kv heads they read, in runs of gcd(Hu, G).
+TEST(HeadSplit, MembersHoldTheKvHeadsTheirQueryHeadsRead) {
+  const HeadSplit even = split_heads(Shape{1, 8, 8, 4, 2}, 2);  // G = 2, Hu = 4: kv heads 0,1 | 2,3
+  EXPECT_EQ(even.HKVu, 2);
+  EXPECT_EQ(even.Gu, 2);
+  EXPECT_EQ(even.kv_head(1, 0), 2);
+  EXPECT_EQ(even.kv_head(1, 1), 3);
+  EXPECT_FALSE(even.replicates(Shape{1, 8, 8, 4, 2}));
+  const HeadSplit mqa = split_heads(Shape{1, 8, 4, 1, 2}, 4);  // every member reads kv head 0
+  EXPECT_EQ(mqa.HKVu, 1);
+  EXPECT_EQ(mqa.kv_head(3, 0), 0);
+  EXPECT_TRUE(mqa.replicates(Shape{1, 8, 4, 1, 2}));
+  // H = 12, HKV = 3 (G = 4), U = 4: Hu = 3 straddles kv heads, so one kv head per query head.
+  const HeadSplit odd = split_heads(Shape{1, 8, 12, 3, 2}, 4);
+  EXPECT_EQ(odd.Gu, 1);
+  EXPECT_EQ(odd.HKVu, 3);
+  for (int u = 0; u < 4; ++u)
+    for (Index j = 0; j < 3; ++j) EXPECT_EQ(odd.kv_head(u, j), odd.q_head(u, j) / 4);
+}
+
+// Ulysses with even shards and HKV % N == 0: each pass receives (N-1)/N B (S/N) (2H + 2HKV) D, plus
+// the forward's LSE; what a rank keeps for itself is not counted.
+TEST(Ledger, UlyssesAllToAllMatchesTheClosedForm) {
+  for (int N : {2, 4, 8}) {
+    const Shape s{2, 16 * N, 2 * N, N, 8};
+    const Layout l = Layout::contiguous(s.S, N);
+    const Index L = s.S / N;
+    const Index moved = (N - 1) * s.B * L * (2 * s.H + 2 * s.HKV) * s.D / N, lse = (N - 1) * s.B * L * s.H / N;
+    for (int r = 0; r < N; ++r) {
+      const Ledger a = expected_a2a_ledger(l, s, N, r, true, 4, 4);
+      EXPECT_EQ(a.a2a_fwd_recv_elems, moved + lse);
+      EXPECT_EQ(a.a2a_bwd_recv_elems, moved);
+      EXPECT_EQ(a.a2a_fwd_send_elems, moved + lse);
+      EXPECT_EQ(a.recv_bytes, 4 * (2 * moved + lse));
+    }
+  }
+  // LSE is under 2% of the forward here (H / (2H + 2HKV) / D).
+  const Shape s{1, 64, 8, 8, 64};
+  const Ledger a = expected_a2a_ledger(Layout::contiguous(64, 4), s, 4, 0, false, 2, 4);
+  const double lse = 3.0 / 4 * 16 * 8;
+  EXPECT_LT(lse / double(a.a2a_fwd_recv_elems), 0.02);
+  EXPECT_EQ(a.a2a_bwd_recv_elems, 0);
 }

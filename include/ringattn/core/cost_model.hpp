@@ -19,6 +19,7 @@
 // comm_ratio doubles and max_ranks roughly halves. The slowest device of a contiguous layout does
 // more than the mean: causal_utilization is the mean / max of that block model.
 #include <string>
+#include <vector>
 
 #include "ringattn/core/shape.hpp"
 
@@ -63,6 +64,35 @@ struct CostEstimate {
 };
 
 CostEstimate estimate_cost(const CostInputs& in);
+
+// The three strategies side by side, per device, forward pass, for Ulysses degree U (ring U = 1,
+// ulysses U = N, usp anything between that divides N): an all-to-all inside groups of U devices
+// gives each H/U query heads (and the kv heads they read, replicated when HKV % U != 0) over the
+// group's U S/N positions; the ring then runs over R = N/U groups on that head slice.
+//   a2a recv = (U-1)/U B (S/N) (2 H + 2 HKV') D elements: q, k, v in, O back (HKV' = U HKVu,
+//              HKV when HKV % U == 0), plus LSE (U-1)/U B (S/N) H; bytes at p
+//   ring recv = (R-1) 2 B (S/R) HKVu D p,   I_step = (H/HKV') (S/R) (2/p), halved when causal
+// The all-to-all waits for its data (nothing to overlap it with) while the ring's receive hides
+// behind a step's compute, so: predicted = compute_s max(1, beta / I_step) + a2a recv bytes /
+// bandwidth, and the verdict reads a2a_s / compute_s + beta / I_step (what overlap cannot hide plus
+// what it must).
+struct StrategyEstimate {
+  std::string strategy;  // ring, ulysses, usp
+  Index U = 1;
+  std::string impossible;     // why the shape forbids it; empty when it can run
+  double a2a_recv_elems = 0;  // forward, without LSE: (U-1)/U B (S/N) (2H + 2HKV') D
+  double lse_recv_elems = 0;
+  double a2a_recv_bytes = 0, ring_recv_bytes = 0, recv_bytes = 0;
+  double step_intensity = 0;  // of the ring between groups; 0 when there is none (R = 1)
+  double step_comm_ratio = 0;  // beta / I_step
+  double a2a_s = 0, compute_s = 0, predicted_s = 0, comm_ratio = 0;
+  Verdict verdict = Verdict::no_communication;
+};
+
+// ring, ulysses, then usp for every U with 1 < U < N dividing N. Validates `in`.
+std::vector<StrategyEstimate> estimate_strategies(const CostInputs& in);
+// The possible estimate with the least predicted time (the ring when nothing else is).
+const StrategyEstimate& predicted_best(const std::vector<StrategyEstimate>& e);
 
 // I_step for a shard of L positions (L = S/N): 4 B L^2 H D / (2 B L HKV D p), halved when causal.
 double step_intensity(double L, Index H, Index HKV, double bytes, bool causal);

@@ -31,6 +31,9 @@ class Layout {
   static Layout striped(Index S, int N);
   static Layout zigzag(Index S, int N);
   static Layout make(LayoutKind kind, Index S, int N, const std::vector<Index>& partition = {});
+  // Ranks gU .. gU+U-1 of `l` taken as one rank g: it owns the union of their positions (in
+  // increasing order, as always). U must divide l.ranks(). The kind stays l's.
+  static Layout grouped(const Layout& l, int U);
 
   LayoutKind kind() const { return kind_; }
   int ranks() const { return static_cast<int>(sizes_.size()); }

@@ -5,6 +5,9 @@
 
 namespace ringattn::io {
 
-Json plan_json(const core::CostInputs& in, const core::CostEstimate& e);
+// With the strategies side by side under "strategies" and the one predicted fastest under
+// "recommended" (its name) and "recommended_ulysses_degree".
+Json plan_json(const core::CostInputs& in, const core::CostEstimate& e,
+               const std::vector<core::StrategyEstimate>& strategies = {});
 
 }  // namespace ringattn::io

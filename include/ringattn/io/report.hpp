@@ -20,6 +20,7 @@ struct RankRow {
   core::Work work;                                                   // forward + backward
   core::Index budget_bytes = 0;                                      // buffers held for the strategy
   core::Index peak_rss_bytes = 0;                                    // the process's high-water mark
+  double a2a_wait_s = 0;  // the part of wait_s spent in all-to-alls, median over --iters
 };
 
 struct CheckReport {

@@ -24,6 +24,7 @@ namespace ringattn::runtime {
 // One rank's timings of one iteration.
 struct IterationTimes {
   double forward_s = 0, backward_s = 0, compute_s = 0, wait_s = 0;
+  double a2a_wait_s = 0;  // the part of wait_s spent in all-to-alls (head-parallel strategies)
 };
 
 // An output of this rank, for --out and --check. Positional tensors hold this rank's positions

@@ -44,6 +44,7 @@ struct JobConfig {
   std::string traffic = "aware";  // full | aware | skip-empty (see core::RingPlan)
   std::optional<double> rope;     // --rope THETA: RoPE on q and k at global positions (D even)
   std::string strategy = "ring";
+  std::optional<int> ulysses_degree;  // --ulysses-degree U, usp only
   // --layer: a whole attention layer around the attention.
   bool layer = false;
   std::optional<Index> model_dim;
@@ -66,6 +67,7 @@ struct JobPlan {
   core::Mask mask;
   core::Traffic traffic = core::Traffic::aware;
   StrategyKind strategy = StrategyKind::ring;
+  int ulysses_degree = 1;  // ranks per all-to-all group: ring 1, ulysses N, usp U
   double scale = 1;
   double timeout_s = 0;  // the watchdog: --timeout, or default_timeout()
   InputPlan inputs;      // what is read or generated, and how

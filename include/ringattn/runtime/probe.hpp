@@ -4,6 +4,8 @@
 //   2. the block compute rate of this shape: block_forward on a shard-size block, S/N x S/N;
 //   3. beta = compute rate / bandwidth at one K/V block, the predicted per-step comm/compute
 //      beta / I_step, and the measured one from the real ring for this shape, with the verdict.
+// With --strategies, each strategy named (ring, ulysses, usp) is then timed forward and backward
+// on the live ranks for the shape; those the shape forbids are listed with the reason, not run.
 // The measurements and their JSON; the command line prints the tables.
 #include <optional>
 #include <string>
@@ -26,6 +28,20 @@ struct ProbeConfig {
   comm::BandwidthOptions bw;
   double budget_s = 1.0;  // per compute measurement (kernel, ring): fewer repetitions when slow
   bool json = false;
+  std::vector<std::string> strategies;  // --strategies ring,ulysses,usp; empty: none timed
+  std::optional<int> ulysses_degree;    // usp's U; without it, every U with 1 < U < N dividing N
+};
+
+// One strategy timed on the live ranks: slowest rank, median over the repetitions.
+struct StrategyProbe {
+  std::string strategy;
+  int ulysses_degree = 1;
+  std::string forbidden;  // why the shape forbids it (then nothing else is filled in)
+  double forward_s = 0, backward_s = 0;
+  double exposed_wait_s = 0;  // forward + backward time waiting for transfers (all-to-alls included)
+  double a2a_wait_s = 0;      // the all-to-alls' part of it
+  Index recv_bytes = 0;       // the busiest rank's, forward + backward
+  int iters = 0;
 };
 
 struct Probe {  // everything measured and derived, as rank 0 reports it
@@ -41,6 +57,10 @@ struct Probe {  // everything measured and derived, as rank 0 reports it
   double ring_forward_s = 0, measured_step_compute_s = 0, measured_step_comm_s = 0, measured_comm_ratio = 0;
   double exposed_wait_ratio = 0;
   int kernel_iters = 0, ring_iters = 0;
+  std::vector<StrategyProbe> strategies;
+  int recommended = -1;       // index of the least measured forward + backward; -1: none run
+  std::string plan_recommended;  // what the cost model predicts with this machine's figures
+  int plan_recommended_degree = 1;
 };
 
 // Collective. Validates the options (InputError, the same on every rank) and measures.

@@ -38,6 +38,7 @@ struct StepRecord {
 
 struct PassStats {
   double total_s = 0, compute_s = 0, wait_s = 0;
+  double a2a_wait_s = 0;  // the part of wait_s spent in all-to-alls
   core::Work work;
   std::vector<StepRecord> steps;
 };
@@ -45,6 +46,15 @@ struct PassStats {
 enum class StrategyKind { ring, ulysses, usp };
 const char* strategy_name(StrategyKind k);
 StrategyKind parse_strategy(const std::string& name);  // throws InputError naming --strategy
+
+// The Ulysses degree U a strategy uses on N ranks: ring 1, ulysses N, usp the one given.
+int ulysses_degree(StrategyKind k, int given, int N);
+// Why `k` (with Ulysses degree `given` for usp; 0 = not given) cannot run H query heads on N ranks,
+// as one line naming the rule and what to use instead; empty when it can.
+std::string strategy_rule_violation(StrategyKind k, int given, Index H, int N);
+// Throws InputError with strategy_rule_violation's line, and when --ulysses-degree is given
+// (given > 0) for anything but usp.
+void check_strategy(StrategyKind k, int given, Index H, int N);
 
 // Test hooks that plant faults the tests must catch.
 struct FaultHooks {
@@ -61,7 +71,7 @@ struct StrategySetup {
   core::Tiling tiling;
   core::Traffic traffic = core::Traffic::aware;
   StrategyKind kind = StrategyKind::ring;
-  int ulysses_degree = 1;  // usp: ranks per all-to-all group (U); ulysses: N
+  int ulysses_degree = 1;  // usp: ranks per all-to-all group (U); ulysses: N; ring: 1
   FaultHooks hooks;
   // Called as each pass starts (done = 0) and after every ring step with (pass, steps done,
   // steps in the pass); may be empty.
