@@ -94,17 +94,19 @@ void check_rope(const AttentionOptions& o) {
                                  "even)", o.shape.D));
 }
 
+// The strategy's rules (runtime::check_strategy), its messages in the API's names.
 int ulysses_degree(const AttentionOptions& o, runtime::StrategyKind kind, int N) {
-  if (kind == runtime::StrategyKind::ring) {
-    if (o.ulysses_degree && *o.ulysses_degree != 1)
-      throw InputError(fmt::format("ulysses_degree: {} given for strategy ring (expected none: it only applies to "
-                                   "the head-parallel strategies)", *o.ulysses_degree));
-    return 1;
+  const int given = o.ulysses_degree.value_or(0);
+  try {
+    runtime::check_strategy(kind, given, o.shape.H, N);
+  } catch (const InputError& e) {
+    std::string m = e.what();
+    for (const auto& [cli, api] : {std::pair<std::string, std::string>{"--ulysses-degree", "ulysses_degree"},
+                                   {"--strategy", "strategy"}})
+      for (std::size_t at = m.find(cli); at != std::string::npos; at = m.find(cli, at)) m.replace(at, cli.size(), api);
+    throw InputError(m);
   }
-  const int U = o.ulysses_degree.value_or(kind == runtime::StrategyKind::ulysses ? N : 1);
-  if (U < 1 || N % U != 0)
-    throw InputError(fmt::format("ulysses_degree: {} does not divide the {} ranks (expected a divisor of N)", U, N));
-  return U;
+  return runtime::ulysses_degree(kind, given, N);
 }
 
 // Every field the ranks must hold the same, named as the API names it.

@@ -134,7 +134,7 @@ def run_case(name, *, S, B=1, H=2, HKV=None, D=8, dtype=torch.float64, layout="c
     if comm.rank == 0:
         if strategy != "ring":
             name = f"{strategy}: {name}"
-        print(f"{'ok ' if ok else 'BAD'} N={comm.size} {name:<46} max rel error {worst:.3f} x tol "
+        print(f"{'ok ' if ok else 'BAD'} N={comm.size} {name:<46} max rel error {worst:.3g} x tol "
               f"({TOL[dtype]:.0e}; gradients {TOL_GRAD[dtype]:.1e})", flush=True)
     return ok
 
