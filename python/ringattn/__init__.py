@@ -180,7 +180,8 @@ def attention(q, k, v, *, seq_len, causal=False, window=None, doc_lens=None, lay
     layout: "contiguous" (with `partition`: one size per rank), "striped" or "zigzag".
     scale: default 1/sqrt(D). rope: theta (e.g. 10000.0) to rotate q and k at their global
       positions before attending (rotate-half RoPE; gradients are with respect to q, k as given).
-    strategy: "ring"; ulysses_degree: ranks per all-to-all group of the head-parallel strategies.
+    strategy: "ring" (no rule on the shape), "ulysses" (H % N == 0) or "usp" with ulysses_degree U
+      (ranks per all-to-all group; N % U == 0, H % U == 0).
     comm: an mpi4py communicator (default MPI.COMM_WORLD); every rank of it must call.
     O is differentiable: its backward runs the distributed backward (collective over comm).
     """
