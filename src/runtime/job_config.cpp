@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <limits>
 
+#include "ringattn/comm/simulation.hpp"
 #include "ringattn/core/errors.hpp"
 #include "ringattn/core/rope.hpp"
 #include "ringattn/core/simd.hpp"
@@ -60,6 +61,16 @@ void check_run_options(const JobConfig& c) {
   if (c.warmup < 0) throw InputError(fmt::format("--warmup: {} is negative", c.warmup));
   if (c.timeout && !(std::isfinite(*c.timeout) && *c.timeout >= 0))
     throw InputError(fmt::format("--timeout: {} is not a time (expected SEC >= 0; 0 disables the watchdog)", *c.timeout));
+  if (c.timing_only) {
+    if (!comm::simulated())
+      throw InputError("--timing-only: only the SimGrid/SMPI simulation build charges counted flops (scripts/simulate.sh)");
+    for (const auto& [option, given] : {std::pair{"--check", c.check}, std::pair{"--out", !c.out.empty()},
+                                        std::pair{"--inputs", !c.inputs.empty()}, std::pair{"--layer", c.layer},
+                                        std::pair{"--rope", c.rope.has_value()}})
+      if (given)
+        throw InputError(fmt::format("{}: not with --timing-only (a timing-only run computes no values, so there is "
+                                     "nothing to read, rotate, write or check)", option));
+  }
   for (const auto& [option, value] : {std::pair{"--tile-q", c.tiling.q_rows}, std::pair{"--tile-k", c.tiling.k_cols},
                                       std::pair{"--tile-strip", c.tiling.strip_rows}})
     if (value < 0 || value > 65536)
@@ -274,7 +285,8 @@ JobPlan make_plan(const JobConfig& c, int N) {
   }
   // Before anything of size S is built.
   const Index Lmax = largest_shard(kind, p.shape.S, N, c.partition);
-  admit_memory(memory_plan(c, p, N, Lmax), memory_culprit(c, p), fmt::format("{} ({})", p.shape.str(),
+  if (!c.timing_only)  // a timing-only run folds its large buffers onto shared pages
+    admit_memory(memory_plan(c, p, N, Lmax), memory_culprit(c, p), fmt::format("{} ({})", p.shape.str(),
                core::dtype_name(p.dtype)), c.check ? "a smaller shape, more ranks, or no --check"
                                                    : "a smaller shape or more ranks");
   p.layout = core::Layout::make(kind, p.shape.S, N, c.partition);
@@ -285,6 +297,9 @@ JobPlan make_plan(const JobConfig& c, int N) {
   else if (c.traffic == "skip-empty") p.traffic = core::Traffic::skip_empty_grads;
   else throw InputError(fmt::format("--traffic: unknown plan '{}' (expected full, aware or skip-empty)", c.traffic));
   p.strategy = parse_strategy(c.strategy);
+  if (c.timing_only && p.strategy != StrategyKind::ring)
+    throw InputError(fmt::format("--timing-only: --strategy {} does not charge counted flops yet (expected ring)",
+                                 strategy_name(p.strategy)));
   p.scale = c.scale ? *c.scale : 1.0 / std::sqrt(double(p.shape.D));
   if (!std::isfinite(p.scale)) throw InputError(fmt::format("--scale: {} is not a finite number", p.scale));
   // The scores are computed in the accumulation type: the scale must be a finite number there too.
@@ -292,6 +307,7 @@ JobPlan make_plan(const JobConfig& c, int N) {
     throw InputError(fmt::format("--scale: {:g} overflows {}'s float32 arithmetic (expected |scale| <= {:g})", p.scale,
                                  core::dtype_name(p.dtype), double(std::numeric_limits<float>::max())));
   p.timeout_s = c.timeout ? *c.timeout : default_timeout(c, p);
+  if (comm::simulated()) p.timeout_s = 0;  // simulated time: no watchdog (see comm::Comm::set_timeout)
   return p;
 }
 
@@ -305,6 +321,7 @@ StrategySetup strategy_setup(const JobConfig& c, const JobPlan& p) {
   s.traffic = p.traffic;
   s.kind = p.strategy;
   s.hooks = c.hooks;
+  s.timing_only = c.timing_only;
   s.on_step = c.progress.step;
   return s;
 }
@@ -352,6 +369,9 @@ std::vector<PlanField> plan_fields(const JobConfig& c, const JobPlan& p) {
       {"--report", c.report},
       {"--trace", c.trace},
       {"--timeout", num(p.timeout_s)},
+#ifdef RINGATTN_SMPI
+      {"--timing-only", c.timing_only ? "on" : "off"},
+#endif
       {"the test hooks", fmt::format("{} {} {} {} {}", c.hooks.drop_grad_step, c.hooks.stall_rank, c.hooks.stall_s,
                                      c.average_weight_grads, c.rope_local_positions)}};
   for (std::size_t t = 0; t < p.inputs.specs.size(); ++t)
@@ -401,6 +421,7 @@ io::Json config_json(const JobConfig& c, const JobPlan& p, int N) {
   j["traffic"] = c.traffic;
   j["rope"] = c.rope ? io::Json(*c.rope) : io::Json();
   j["strategy"] = strategy_name(p.strategy);
+  if (c.timing_only) j["timing_only"] = true;  // simulated, counted flops charged: no values
   if (c.layer) {
     j["layer"] = true;
     j["model_dim"] = p.model_dim;

@@ -44,6 +44,9 @@ struct JobConfig {
   std::string traffic = "aware";  // full | aware | skip-empty (see core::RingPlan)
   std::optional<double> rope;     // --rope THETA: RoPE on q and k at global positions (D even)
   std::string strategy = "ring";
+  // --timing-only (the SimGrid/SMPI build only): count the kernels' flops and charge them to the
+  // simulated hosts instead of computing; no outputs, no check, no loss.
+  bool timing_only = false;
   // --layer: a whole attention layer around the attention.
   bool layer = false;
   std::optional<Index> model_dim;
