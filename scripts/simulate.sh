@@ -64,8 +64,6 @@ while [ $# -gt 0 ]; do
     -h|--help) usage; exit 0 ;;
     --sweep) MODE=sweep; shift; continue ;;
     --calibrate) MODE=calibrate; shift; continue ;;
-    --causal) CAUSAL=1; shift; continue ;;
-    --no-causal) CAUSAL=0; shift; continue ;;
   esac
   if [ "$MODE" = run ]; then
     case "$1" in
@@ -79,6 +77,10 @@ while [ $# -gt 0 ]; do
     esac
     continue
   fi
+  case "$1" in
+    --causal) CAUSAL=1; shift; continue ;;
+    --no-causal) CAUSAL=0; shift; continue ;;
+  esac
   [ $# -ge 2 ] || die "$1: needs a value (see --help)"
   case "$1" in
     --platform) PLATFORM="$2" ;;
@@ -174,8 +176,9 @@ simulate() {
     "--cfg=smpi/host-speed:${speed}f"
     # ringattn polls MPI_Test between tiles: no simulated time per poll or clock read
     --cfg=smpi/test:0 --cfg=smpi/wtime:0
-    # folded (timing-only) buffers map a 64 MiB block repeatedly: fewer mappings than the 1 MiB default
-    --cfg=smpi/shared-malloc-blocksize:67108864
+    # folded (timing-only) buffers map one 4 MiB block repeatedly (src/comm/simulation.cpp rounds
+    # them to whole blocks): a quarter of the mappings of the 1 MiB default
+    --cfg=smpi/shared-malloc-blocksize:4194304
     "--log=root.thres:warning" "--log=xbt_cfg.thres:warning"
   )
   # timing-only: nothing real is charged, only the counted flops (smpi_execute_flops)
@@ -253,16 +256,18 @@ sweep)
   PLAN_BW="$(platform_info "$PLATFORM" bandwidth)"
   mkdir -p "$(dirname "$OUT")"
   tmp="$(mktemp -d)"
-  trap 'rm -rf "$tmp" "$OUT.partial"' EXIT
+  trap 'rm -rf "$tmp"' EXIT
   COLS="N S B H HKV D dtype causal layout forward_s backward_s compute_s wait_s wait_ratio fwd_wait_ratio bytes \
 gflops tile_pairs imbalance step_intensity max_error status strategy platform mode wall_s exposed_wait plan_flops \
 plan_bandwidth plan_comm_ratio plan_exposed plan_max_ranks_bound plan_verdict recommended"
-  echo "${COLS// /,}" >"$OUT.partial"
+  # Rows are written as the points finish (N ascending, every S at each N), so a sweep stopped
+  # early keeps the points it ran.
+  echo "${COLS// /,}" >"$OUT"
   p=$([ "$DTYPE" = f32 ] && echo 4 || echo 8)
   t_start=$SECONDS
   for strategy in $STRATEGIES; do
-    for S in $SEQS; do
-      for N in $RANKS; do
+    for N in $RANKS; do
+      for S in $SEQS; do
         # The busiest rank's forward + backward flops (3.5 x 4 B (S/N) S H D, halved when causal).
         flops="$(/usr/bin/python3 -c "print(3.5*4*($S/$N)*$S*$HEADS*$HEAD_DIM*(0.5 if $CAUSAL else 1))")"
         args=(--seq "$S" --heads "$HEADS" --kv-heads "$KV_HEADS" --head-dim "$HEAD_DIM" --dtype "$DTYPE"
@@ -285,7 +290,7 @@ plan_bandwidth plan_comm_ratio plan_exposed plan_max_ranks_bound plan_verdict re
         [ $rc -ne 0 ] && echo "simulate: N=$N S=$S $strategy: $status: $(grep -m1 -i error "$tmp/err.txt" || tail -1 "$tmp/err.txt")" >&2
         /usr/bin/python3 - "$N" "$S" "$HEADS" "$KV_HEADS" "$HEAD_DIM" "$DTYPE" "$CAUSAL" "$status" "$strategy" \
             "$(basename "$PLATFORM" .xml)" "$mode" "$wall" "$PLAN_FLOPS" "$PLAN_BW" "$p" "$BIN" "$tmp/report.json" \
-            "$tmp/trace.jsonl" "$COLS" >>"$OUT.partial" <<'EOF'
+            "$tmp/trace.jsonl" "$COLS" >>"$OUT" <<'EOF'
 import json, os, subprocess, sys
 (N, S, H, HKV, D, dtype, causal, status, strategy, platform, mode, wall, pflops, pbw, p, binary, report, trace,
  cols) = sys.argv[1:]
@@ -337,7 +342,6 @@ EOF
       done
     done
   done
-  mv "$OUT.partial" "$OUT"
   echo "simulate: $OUT" >&2
   ;;
 esac

@@ -41,6 +41,13 @@ EOF
   echo "test_simgrid: $name: N=$n passed --check ($((SECONDS - t0)) s)"
 }
 
+# Build first; every rank must get its own copy of ringattn's globals: no STB_GNU_UNIQUE symbol,
+# which the loader would share between the per-rank copies of the executable.
+bash "$SIM" --platform "$IB" --ranks 1 --seq 8 --heads 1 --head-dim 8 >/dev/null 2>&1 || fail "a one-rank job"
+if nm -D "$ROOT/build-smpi/ringattn" | grep -q " u "; then
+  fail "unique symbols in build-smpi/ringattn (shared by all simulated ranks): $(nm -D "$ROOT/build-smpi/ringattn" | grep -c " u ")"
+fi
+
 check_run n8-f64 "$IB" 8 --seq 203 --heads 4 --kv-heads 2 --head-dim 16 --dtype f64 --causal
 check_run n32-f32 "$IB" 32 --seq 512 --heads 4 --kv-heads 1 --head-dim 32 --causal
 check_run n64-f64 "$IB" 64 --seq 640 --heads 2 --kv-heads 1 --head-dim 16 --dtype f64 --causal

@@ -33,8 +33,13 @@ namespace {
 // only those go back through smpi_shared_free.
 std::unordered_set<void*> g_folded;
 
+// SMPI folds whole blocks of smpi/shared-malloc-blocksize (scripts/simulate.sh sets this size)
+// onto one shared block; the tail of a buffer past its last whole block would stay private, so
+// every buffer is made a whole number of blocks (virtual memory only).
+constexpr std::size_t kFoldBlock = std::size_t(4) << 20;
+
 void* fold(std::size_t bytes) {
-  void* p = SMPI_SHARED_MALLOC(bytes);
+  void* p = SMPI_SHARED_MALLOC((bytes + kFoldBlock - 1) / kFoldBlock * kFoldBlock);
   if (p) g_folded.insert(p);
   return p;
 }
