@@ -271,7 +271,9 @@ plan_bandwidth plan_comm_ratio plan_exposed plan_max_ranks_bound plan_verdict re
         # The busiest rank's forward + backward flops (3.5 x 4 B (S/N) S H D, halved when causal).
         flops="$(/usr/bin/python3 -c "print(3.5*4*($S/$N)*$S*$HEADS*$HEAD_DIM*(0.5 if $CAUSAL else 1))")"
         args=(--seq "$S" --heads "$HEADS" --kv-heads "$KV_HEADS" --head-dim "$HEAD_DIM" --dtype "$DTYPE"
-              --strategy "$strategy" --report "$tmp/report.json")
+              --report "$tmp/report.json")
+        # ring is the default; --strategy is passed only for the others (a build without them refuses it)
+        [ "$strategy" != ring ] && args+=(--strategy "$strategy")
         [ "$CAUSAL" = 1 ] && args+=(--causal)
         mode=real
         if /usr/bin/python3 -c "import sys; sys.exit(0 if $flops > $REAL_MAX_FLOPS else 1)"; then
