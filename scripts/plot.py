@@ -214,7 +214,7 @@ def plot_simulated(path, out):
         ax.plot(ns, [max(floor, num(r["exposed_wait"]) or 0) for r in g], "o-", color=c,
                 label=f"{label}: simulated exposed wait")
         ax.plot(ns, [max(floor, num(r["plan_exposed"]) or 0) for r in g], "--", color=c,
-                label=f"{label}: plan, max(0, β/I_step − 1)")
+                label=f"{label}: plan, max(0, 1 − I_step/β)")
         ax.plot(ns, [num(r["plan_comm_ratio"]) for r in g], ":", color=c, lw=1, label=f"{label}: plan β/I_step")
         bound = num(g[0]["plan_max_ranks_bound"])
         if bound:

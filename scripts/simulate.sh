@@ -34,7 +34,8 @@
 #   exposed_wait  slowest rank's wait / its forward + backward time
 #   plan_flops plan_bandwidth   the platform's speed and ring-neighbour bandwidth given to `plan`
 #   plan_comm_ratio             plan's per-step receive / compute (beta / I_step)
-#   plan_exposed                max(0, plan_comm_ratio - 1): what perfect overlap would leave
+#   plan_exposed                max(0, 1 - 1 / plan_comm_ratio): the share of a step's time that
+#                               perfect overlap still waits (comparable with exposed_wait)
 #   plan_max_ranks_bound        plan's bound on N for I_step >= beta
 #   plan_verdict                plan's verdict for the point
 #   recommended                 the strategy probe would recommend (only ring exists: ring)
@@ -129,7 +130,7 @@ host_speed() {
   echo "$rate"
 }
 
-# Facts of a platform file: "hosts" lines (name:cores) or the cost model's machine figures.
+# Facts of a platform file: "hosts" (one line per rank it holds) or the cost model's machine figures.
 platform_info() {  # platform_info FILE hosts|flops|bandwidth
   /usr/bin/python3 - "$1" "$2" <<'EOF'
 import re, sys, xml.etree.ElementTree as ET
@@ -146,12 +147,13 @@ hosts, flops, bw = [], None, None
 for c in root.iter("cluster"):
     a, b = (int(x) for x in c.get("radical").split("-"))
     cores = int(c.get("core", "1"))
-    hosts += [f'{c.get("prefix")}{i}{c.get("suffix", "")}:{cores}' for i in range(a, b + 1)]
+    # one line per rank (smpirun would otherwise write an unrolled copy into the working directory)
+    hosts += [f'{c.get("prefix")}{i}{c.get("suffix", "")}' for i in range(a, b + 1) for _ in range(cores)]
     flops = flops or num(c.get("speed"))
     # ring neighbours share a node when nodes hold several ranks
     bw = bw or num(c.get("loopback_bw") if cores > 1 and c.get("loopback_bw") else c.get("bw"))
 for h in root.iter("host"):
-    hosts.append(f'{h.get("id")}:{h.get("core", "1")}')
+    hosts += [h.get("id")] * int(h.get("core", "1"))
     flops = flops or num(h.get("speed"))
 if what == "hosts": print("\n".join(hosts))
 elif what == "flops": print("%.6g" % flops)
@@ -170,7 +172,7 @@ simulate() {
   for a in "$@"; do [ "$a" = --timing-only ] && timing=1; done
   hostfile="$(mktemp)"
   platform_info "$platform" hosts >"$hostfile"
-  cap="$(awk -F: '{n += $2} END {print n}' "$hostfile")"
+  cap="$(wc -l <"$hostfile")"
   [ "$n" -le "$cap" ] || { rm -f "$hostfile"; die "--ranks: $n is more than the $cap ranks $platform holds"; }
   local cfg=(
     "--cfg=smpi/host-speed:${speed}f"
@@ -306,7 +308,9 @@ row = dict(N=N, S=S, B=1, H=H, HKV=HKV, D=D, dtype=dtype, causal=int(causal), st
            step_intensity=pj.get("step_intensity", ""), recommended="ring")
 if pj.get("step_compute_s"):
     ratio = pj["step_comm_s"] / pj["step_compute_s"]  # beta / I_step
-    row.update(plan_comm_ratio=ratio, plan_exposed=max(0.0, ratio - 1.0),
+    # perfect overlap waits only for what compute cannot cover: max(0, comm - compute) of each step,
+    # as a fraction of the step's time max(comm, compute)
+    row.update(plan_comm_ratio=ratio, plan_exposed=max(0.0, 1.0 - 1.0 / ratio) if ratio > 0 else 0.0,
                plan_max_ranks_bound=pj["step_intensity"] * int(N) / pj["beta"],  # I_step(N) N / beta
                plan_verdict=pj.get("verdict", ""))
 if os.path.exists(report):
