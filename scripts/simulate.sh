@@ -178,6 +178,9 @@ simulate() {
     "--cfg=smpi/host-speed:${speed}f"
     # ringattn polls MPI_Test between tiles: no simulated time per poll or clock read
     --cfg=smpi/test:0 --cfg=smpi/wtime:0
+    # Open MPI's choice of collective algorithms; SMPI's default ones are naive point-to-point
+    # fan-outs (an all-gather of 1024 ranks: a million messages)
+    --cfg=smpi/coll-selector:ompi
     # folded (timing-only) buffers map one 4 MiB block repeatedly (src/comm/simulation.cpp rounds
     # them to whole blocks): a quarter of the mappings of the 1 MiB default
     --cfg=smpi/shared-malloc-blocksize:4194304
