@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The simulation build under test: builds build-smpi/ (SimGrid/SMPI) if needed, then
-#   - N = 8, 32, 64 simulated ranks on the InfiniBand platform with real compute and --check
+#   - N = 8, 32, 64 simulated ranks on the InfiniBand platform (and 40 on Ethernet, 16 on shared-
+#     memory nodes) with real compute and --check
 #     (causal zigzag, GQA, f64 and f32, uneven shards), each against the dense float64 reference;
 #   - a timing-only job, whose counted work and bytes must equal the same job computed for real;
 #   - the options a timing-only job refuses (exit 2).
@@ -52,6 +53,7 @@ check_run n8-f64 "$IB" 8 --seq 203 --heads 4 --kv-heads 2 --head-dim 16 --dtype 
 check_run n32-f32 "$IB" 32 --seq 512 --heads 4 --kv-heads 1 --head-dim 32 --causal
 check_run n64-f64 "$IB" 64 --seq 640 --heads 2 --kv-heads 1 --head-dim 16 --dtype f64 --causal
 check_run n64-f32-window "$IB" 64 --seq 700 --heads 2 --head-dim 16 --window 40
+check_run n40-ethernet "$ROOT/scripts/platforms/ethernet.xml" 40 --seq 256 --heads 2 --head-dim 16 --causal
 check_run n16-smp-docs "$SMP" 16 --seq 333 --heads 2 --head-dim 16 --doc-lens 100,200,33 --causal --dtype f64
 
 # Timing-only: the same job's counted work and ledger as when computed, no check, marked.
