@@ -48,6 +48,11 @@ Command add_run_command(CLI::App& parent) {
   add_integer(run, "--tile-k", c.tiling.k_cols, "keys per tile (default 256)");
   add_integer(run, "--tile-strip", c.tiling.strip_rows,
                   "rows per strip of a partially visible tile, each strip trimmed to the keys it sees (default 32)");
+#ifdef RINGATTN_SMPI
+  run->add_flag("--timing-only", c.timing_only,
+                "simulation: charge the kernels' counted flops to the simulated hosts instead of computing "
+                "(no outputs, no check)");
+#endif
   run->add_option("--rope", c.rope, "RoPE (rotate-half) on q and k at global positions, base THETA; D even");
   run->add_option("--strategy", c.strategy,
                   "ring (default): K/V blocks around the ring; ulysses: all-to-all over heads (H % N == 0); usp: "

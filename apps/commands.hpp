@@ -1,7 +1,7 @@
 #pragma once
 // One file per subcommand; main() parses, initialises MPI only for commands that need it, and
 // maps exceptions to exit codes (0 ok, 1 check failed, 2 bad input or usage, 3 runtime failure).
-#include <CLI/CLI.hpp>
+#include "cli.hpp"
 
 #include <functional>
 

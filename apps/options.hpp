@@ -1,7 +1,7 @@
 #pragma once
 // Option values parsed strictly: an integer beyond its type's range is an error naming the option,
 // never a silently saturated value.
-#include <CLI/CLI.hpp>
+#include "cli.hpp"
 #include <fmt/format.h>
 
 #include <charconv>

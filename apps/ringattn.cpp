@@ -78,13 +78,23 @@ int main(int argc, char** argv) {
 
   std::optional<comm::Environment> env;
   std::optional<comm::Comm> world;
+#ifndef RINGATTN_SMPI
   runtime::install_exit_signal_handlers();  // SIGINT/SIGTERM/SIGHUP: clean up, exit 128 + signal
+#endif
   if (cmd->needs_mpi) {
     env.emplace(&argc, &argv);
     world.emplace(comm::Comm::world());
   }
   const int rank = world ? world->rank() : 0;
-  spdlog::set_default_logger(spdlog::stderr_color_mt("ringattn"));  // logs never mix with tables on stdout
+#ifdef RINGATTN_SMPI
+  // Simulated ranks share the process and so its signal dispositions: one handler, rank 0's, whose
+  // table of staged paths (and commit in progress) is the one that matters.
+  if (rank == 0) runtime::install_exit_signal_handlers();
+#endif
+  // Logs never mix with tables on stdout. The logger is made, not registered by name: a library
+  // caller may have its own "ringattn", and simulated ranks (SMPI) each make theirs in one process.
+  spdlog::set_default_logger(
+      std::make_shared<spdlog::logger>("ringattn", std::make_shared<spdlog::sinks::stderr_color_sink_mt>()));
   spdlog::set_pattern(fmt::format("[%H:%M:%S.%e] [r{}] [%l] %v", rank));
   spdlog::set_level(rank == 0 ? spdlog::level::info : spdlog::level::warn);
   try {

@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 #include <unistd.h>
 
+#include "ringattn/comm/simulation.hpp"
 #include "ringattn/core/simd.hpp"
 
 #include <algorithm>
@@ -34,6 +35,10 @@ void print_attention(const runtime::RunResult& res) {
   const int N = f.ranks;
   fmt::print("ringattn run: {} {}, mask {}, layout {} over N={} ranks, kernels {}, strategy {}\n", f.shape.str(),
              core::dtype_name(f.dtype), f.mask, f.layout, N, core::simd::current(), f.strategy);
+  if (comm::simulated())
+    fmt::print("  simulated by SimGrid/SMPI: times are simulated seconds on the platform{}\n",
+               f.timing_only ? "; timing-only: the kernels' counted flops were charged, not computed (no values)"
+                             : ", compute measured here and scaled to the platform's speed");
   fmt::print("  time (slowest rank, median of {}): forward {}  backward {}\n", f.iters, ms(rep.forward_s),
              f.backward ? ms(rep.backward_s) : std::string("-"));
   fmt::print("  {:>4} {:>9} {:>11} {:>11} {:>11} {:>11} {:>7} {:>11} {:>11} {:>10} {:>9} {:>9}\n", "rank", "positions",

@@ -3,6 +3,9 @@
 
     scripts/plot.py FILE.csv [--outdir DIR] [--beta B | --probe FILE.probe.json] [--cores N]
 
+A CSV of scripts/simulate.sh --sweep (it has plan_comm_ratio) gives one chart instead,
+STEM_simulated.png: simulated exposed wait against N, per S, beside plan's prediction.
+
 Writes four PNGs next to the CSV (or in --outdir), named after it:
   STEM_time.png       forward + backward time against S, one line per N and layout (log-log);
   STEM_strategies.png the strategies compared over S (N > 1): forward + backward time, and the exposed
@@ -253,6 +256,45 @@ def plot_imbalance(rows, out, cores):
     plt.close(fig)
 
 
+def plot_simulated(path, out):
+    """A scripts/simulate.sh --sweep CSV: simulated exposed wait against plan's prediction, per S."""
+    rows = [r for r in csv.DictReader(open(path, newline="")) if r.get("status") == "ok"]
+    if not rows:
+        return False
+    fig, ax = plt.subplots(figsize=(8, 5))
+    groups = defaultdict(list)
+    for r in rows:
+        groups[(r["strategy"], int(r["S"]))].append(r)
+    floor = 1e-4
+    for i, ((strategy, S), g) in enumerate(sorted(groups.items())):
+        g.sort(key=lambda r: int(r["N"]))
+        c = COLORS[i % len(COLORS)]
+        ns = [int(r["N"]) for r in g]
+        label = f"{strategy} S={S // 1024}K" if S % 1024 == 0 else f"{strategy} S={S}"
+        ax.plot(ns, [max(floor, num(r["exposed_wait"]) or 0) for r in g], "o-", color=c,
+                label=f"{label}: simulated exposed wait")
+        ax.plot(ns, [max(floor, num(r["plan_exposed"]) or 0) for r in g], "--", color=c,
+                label=f"{label}: plan, max(0, 1 − I_step/β)")
+        ax.plot(ns, [num(r["plan_comm_ratio"]) for r in g], ":", color=c, lw=1, label=f"{label}: plan β/I_step")
+        bound = num(g[0]["plan_max_ranks_bound"])
+        if bound:
+            ax.axvline(bound, color=c, lw=0.8, alpha=0.5)
+    ax.axhline(0.05, color="grey", lw=0.8)
+    ax.text(ns[0], 0.055, "5%", color="grey")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("simulated ranks N (vertical lines: plan's bound on N for I_step ≥ β)")
+    ax.set_ylabel("exposed wait / time (slowest rank), plan ratio")
+    r = rows[0]
+    ax.set_title(f"{r['platform']}: H={r['H']} HKV={r['HKV']} D={r['D']} {r['dtype']}"
+                 f"{', causal' if r['causal'] == '1' else ''}; values below {floor:g} drawn at {floor:g}", fontsize=9)
+    ax.legend(fontsize=6, ncol=2)
+    fig.tight_layout()
+    fig.savefig(out, dpi=120)
+    plt.close(fig)
+    return True
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("csv")
@@ -261,6 +303,14 @@ def main():
     ap.add_argument("--probe", help="ringattn probe --json output to read beta from")
     ap.add_argument("--cores", type=int, default=os.cpu_count() or 1, help="cores of the machine the sweep ran on")
     a = ap.parse_args()
+    if os.path.isfile(a.csv) and "plan_comm_ratio" in open(a.csv).readline().split(","):  # simulate.sh --sweep
+        out = os.path.join(a.outdir or os.path.dirname(os.path.abspath(a.csv)),
+                           os.path.splitext(os.path.basename(a.csv))[0] + "_simulated.png")
+        if not plot_simulated(a.csv, out):
+            print(f"plot.py: error: {a.csv}: no successful simulated runs to plot", file=sys.stderr)
+            return 2
+        print(out)
+        return 0
 
     if not os.path.isfile(a.csv):
         print(f"plot.py: error: {a.csv}: no such file (expected a CSV written by scripts/sweep.sh)", file=sys.stderr)

@@ -4,6 +4,8 @@
 #   scripts/setup.sh            what the build, the tests and the benchmarks need
 #   scripts/setup.sh --aarch64  also the cross compiler, qemu-user and the arm64 libraries of the
 #                               core (scripts/test_aarch64.sh)
+#   scripts/setup.sh --simgrid  also SimGrid (smpicxx, smpirun) for simulated clusters
+#                               (scripts/simulate.sh, scripts/test_simgrid.sh)
 set -euo pipefail
 
 packages=(
@@ -22,7 +24,8 @@ arm=0
 for a in "$@"; do
   case "$a" in
     --aarch64) arm=1 ;;
-    *) echo "setup.sh: unknown option $a (expected --aarch64)" >&2; exit 2 ;;
+    --simgrid) packages+=(libsimgrid-dev) ;;  # smpicxx, smpirun and the SimGrid library
+    *) echo "setup.sh: unknown option $a (expected --aarch64 or --simgrid)" >&2; exit 2 ;;
   esac
 done
 if [ "$arm" = 1 ]; then

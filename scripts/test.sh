@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Install what is missing, build, and run every test (unit, MPI at N=1..5, CLI, PyTorch, the
 # installed package, the Python package), then the core's unit tests cross-compiled for aarch64
-# under qemu (scripts/test_aarch64.sh; skipped with RINGATTN_AARCH64=0). Extra arguments go to
-# ctest (e.g. -L torch).
+# under qemu (scripts/test_aarch64.sh; skipped with RINGATTN_AARCH64=0) and the SimGrid
+# simulation build (scripts/test_simgrid.sh; skipped with RINGATTN_SIMGRID=0). Extra arguments go
+# to ctest (e.g. -L torch).
 #   scripts/test.sh --sanitize [ctest args]: AddressSanitizer + UndefinedBehaviorSanitizer build
 #   in build-sanitize/ (RINGATTN_SANITIZE=ON), running the unit and MPI tests there.
 set -euo pipefail
@@ -30,4 +31,9 @@ cd "$BUILD"
 ctest --output-on-failure --timeout 900 "$@"
 if [ "${RINGATTN_AARCH64:-1}" != 0 ] && [ $# -eq 0 ]; then
   bash "$ROOT/scripts/test_aarch64.sh"
+fi
+# The SimGrid/SMPI simulation build and its jobs at N = 8 ... 64 (build-smpi/; about a minute
+# once built); skipped with RINGATTN_SIMGRID=0.
+if [ "${RINGATTN_SIMGRID:-1}" != 0 ] && [ $# -eq 0 ]; then
+  bash "$ROOT/scripts/test_simgrid.sh"
 fi

@@ -15,6 +15,7 @@
 
 #include "ringattn/core/errors.hpp"
 #include "ringattn/core/simd.hpp"
+#include "tile_walk.hpp"
 
 namespace ringattn::core {
 
@@ -124,6 +125,34 @@ bool block_visible(const Mask& mask, std::span<const Index> qpos, std::span<cons
   if (mask.is_full()) return true;
   return mask.classify(qpos.front(), qpos.back(), kpos.front(), kpos.back()) != TileClass::empty;
 }
+
+template <class S>
+Work count_block_forward(const QueryShard<S>& q, const KVBlock<S>& kv, const Mask& mask,
+                         const Workspace<accum_t<S>>& ws) {
+  Work one;  // one head group (b, g): visibility depends on positions only, so every group is alike
+  if (!block_visible(mask, q.pos, kv.pos)) return one;
+  const Index G = q.pk.G, D = q.pk.D;
+  const Tiling& t = ws.tiling;
+  walk::for_each_tile(
+      mask, q.pos, G, kv.pos, q.pk.L * G, kv.pk.L, t, ws.R, [](Index, Index) {}, [](Index, Index) {},
+      [&](const walk::Tile& tile, TileClass cls) {
+        walk::for_each_piece(mask, q.pos, G, kv.pos, tile, cls, t.strip_rows, [&](const walk::Tile& p, TileClass) {
+          one.flops += 4.0 * double(p.tq) * double(p.tk) * double(D);
+        });
+        ++one.tile_pairs;
+      });
+  const Index groups = q.pk.B * q.pk.HKV;
+  return Work{one.tile_pairs * groups, one.flops * double(groups)};
+}
+
+template Work count_block_forward<float>(const QueryShard<float>&, const KVBlock<float>&, const Mask&,
+                                         const Workspace<float>&);
+template Work count_block_forward<double>(const QueryShard<double>&, const KVBlock<double>&, const Mask&,
+                                          const Workspace<double>&);
+template Work count_block_forward<bf16>(const QueryShard<bf16>&, const KVBlock<bf16>&, const Mask&,
+                                        const Workspace<float>&);
+template Work count_block_forward<f16>(const QueryShard<f16>&, const KVBlock<f16>&, const Mask&,
+                                       const Workspace<float>&);
 
 template struct Workspace<float>;
 template struct Workspace<double>;

@@ -19,6 +19,12 @@ class AttentionJob final : public Job {
   using A = core::accum_t<S>;
 
   AttentionJob(const comm::Comm& comm, const JobConfig& c, const JobPlan& p) : comm_(comm), c_(c), p_(p) {
+    if (c.timing_only) {  // no values: the strategy's buffers only give the transfers their sizes
+      strategy_ = make_strategy<S>(comm, strategy_setup(c, p));
+      strategy_->load(nullptr, nullptr, nullptr);
+      if (c.backward) strategy_->load_dout(nullptr);
+      return;
+    }
     agreed(comm, [&] { in_ = load_inputs<S>(p.inputs, p.layout, comm.rank()); });
     strategy_ = make_strategy<S>(comm, strategy_setup(c, p));
     // --rope: the strategy attends q and k rotated at their global positions; in_ keeps them as given.
@@ -41,6 +47,7 @@ class AttentionJob final : public Job {
   }
 
   std::vector<OutputTensor> outputs() const override {
+    if (c_.timing_only) return {};
     const core::Shape& s = p_.shape;
     const Index L = strategy_->local_size();
     o_.resize(s.B * L * s.H * s.D);
@@ -76,6 +83,7 @@ class AttentionJob final : public Job {
   }
 
   std::optional<double> local_loss() const override {
+    if (c_.timing_only) return std::nullopt;
     if (p_.inputs.from_files() && !p_.inputs.headers[3]) return std::nullopt;  // no dout given
     const Index L = strategy_->local_size();
     const core::Shape& s = p_.shape;

@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "ringattn/comm/simulation.hpp"
 #include "ringattn/core/errors.hpp"
 #include "ringattn/runtime/paths.hpp"
 
@@ -184,6 +185,8 @@ double memory_per_rank() {
       local_ranks = std::max(1, std::atoi(v));
       break;
     }
+  // Simulated ranks all live in this one process.
+  local_ranks = std::max(local_ranks, double(comm::ranks_in_process()));
   double limit = avail / local_ranks;
   rlimit rl{};
   if (getrlimit(RLIMIT_AS, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY) limit = std::min(limit, double(rl.rlim_cur));
@@ -198,6 +201,7 @@ void admit_memory(const MemoryPlan& plan, const std::string& culprit, const std:
                                         [](const auto& a, const auto& b) { return a.bytes < b.bytes; });
   double local_ranks = 1;
   if (const char* v = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE")) local_ranks = std::max(1, std::atoi(v));
+  local_ranks = std::max(local_ranks, double(comm::ranks_in_process()));
   throw InputError(fmt::format("{}: {} needs about {:.1f} GiB per rank (largest: {} {:.1f} GiB), more than the "
                                "{:.1f} GiB available to each of this node's {} ranks (expected {})",
                                culprit, shape, need / 1073741824.0, largest->what, largest->bytes / 1073741824.0,

@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <limits>
 
+#include "ringattn/comm/simulation.hpp"
 #include "ringattn/core/errors.hpp"
 #include "ringattn/core/head_split.hpp"
 #include "ringattn/core/rope.hpp"
@@ -61,6 +62,16 @@ void check_run_options(const JobConfig& c) {
   if (c.warmup < 0) throw InputError(fmt::format("--warmup: {} is negative", c.warmup));
   if (c.timeout && !(std::isfinite(*c.timeout) && *c.timeout >= 0))
     throw InputError(fmt::format("--timeout: {} is not a time (expected SEC >= 0; 0 disables the watchdog)", *c.timeout));
+  if (c.timing_only) {
+    if (!comm::simulated())
+      throw InputError("--timing-only: only the SimGrid/SMPI simulation build charges counted flops (scripts/simulate.sh)");
+    for (const auto& [option, given] : {std::pair{"--check", c.check}, std::pair{"--out", !c.out.empty()},
+                                        std::pair{"--inputs", !c.inputs.empty()}, std::pair{"--layer", c.layer},
+                                        std::pair{"--rope", c.rope.has_value()}})
+      if (given)
+        throw InputError(fmt::format("{}: not with --timing-only (a timing-only run computes no values, so there is "
+                                     "nothing to read, rotate, write or check)", option));
+  }
   for (const auto& [option, value] : {std::pair{"--tile-q", c.tiling.q_rows}, std::pair{"--tile-k", c.tiling.k_cols},
                                       std::pair{"--tile-strip", c.tiling.strip_rows}})
     if (value < 0 || value > 65536)
@@ -306,9 +317,13 @@ JobPlan make_plan(const JobConfig& c, int N) {
     throw InputError(fmt::format("--ulysses-degree: {} is not >= 1", *c.ulysses_degree));
   check_strategy(p.strategy, c.ulysses_degree.value_or(0), p.shape.H, N);
   p.ulysses_degree = ulysses_degree(p.strategy, c.ulysses_degree.value_or(0), N);
+  if (c.timing_only && p.strategy != StrategyKind::ring)
+    throw InputError(fmt::format("--timing-only: --strategy {} does not charge counted flops yet (expected ring)",
+                                 strategy_name(p.strategy)));
   // Before anything of size S is built.
   const Index Lmax = largest_shard(kind, p.shape.S, N, c.partition);
-  admit_memory(memory_plan(c, p, N, Lmax), memory_culprit(c, p), fmt::format("{} ({})", p.shape.str(),
+  if (!c.timing_only)  // a timing-only run folds its large buffers onto shared pages
+    admit_memory(memory_plan(c, p, N, Lmax), memory_culprit(c, p), fmt::format("{} ({})", p.shape.str(),
                core::dtype_name(p.dtype)), c.check ? "a smaller shape, more ranks, or no --check"
                                                    : "a smaller shape or more ranks");
   p.layout = core::Layout::make(kind, p.shape.S, N, c.partition);
@@ -325,6 +340,7 @@ JobPlan make_plan(const JobConfig& c, int N) {
     throw InputError(fmt::format("--scale: {:g} overflows {}'s float32 arithmetic (expected |scale| <= {:g})", p.scale,
                                  core::dtype_name(p.dtype), double(std::numeric_limits<float>::max())));
   p.timeout_s = c.timeout ? *c.timeout : default_timeout(c, p);
+  if (comm::simulated()) p.timeout_s = 0;  // simulated time: no watchdog (see comm::Comm::set_timeout)
   return p;
 }
 
@@ -342,6 +358,7 @@ StrategySetup strategy_setup(const JobConfig& c, const JobPlan& p) {
   s.kind = p.strategy;
   s.ulysses_degree = p.ulysses_degree;
   s.hooks = c.hooks;
+  s.timing_only = c.timing_only;
   s.on_step = c.progress.step;
   return s;
 }
@@ -390,6 +407,9 @@ std::vector<PlanField> plan_fields(const JobConfig& c, const JobPlan& p) {
       {"--report", c.report},
       {"--trace", c.trace},
       {"--timeout", num(p.timeout_s)},
+#ifdef RINGATTN_SMPI
+      {"--timing-only", c.timing_only ? "on" : "off"},
+#endif
       {"the test hooks", fmt::format("{} {} {} {} {}", c.hooks.drop_grad_step, c.hooks.stall_rank, c.hooks.stall_s,
                                      c.average_weight_grads, c.rope_local_positions)}};
   for (std::size_t t = 0; t < p.inputs.specs.size(); ++t)
@@ -440,6 +460,7 @@ io::Json config_json(const JobConfig& c, const JobPlan& p, int N) {
   j["rope"] = c.rope ? io::Json(*c.rope) : io::Json();
   j["strategy"] = strategy_name(p.strategy);
   j["ulysses_degree"] = p.ulysses_degree;
+  if (c.timing_only) j["timing_only"] = true;  // simulated, counted flops charged: no values
   if (c.layer) {
     j["layer"] = true;
     j["model_dim"] = p.model_dim;

@@ -1,5 +1,6 @@
 #include "ringattn/runtime/ring_attention.hpp"
 
+#include "ringattn/comm/simulation.hpp"
 #include "ringattn/core/errors.hpp"
 
 #include <fmt/format.h>
@@ -16,6 +17,13 @@ namespace {
 // One tag per kind of message: within a kind, MPI's non-overtaking order between a pair of
 // ranks keeps steps apart.
 enum Tag : int { kTagForward = 11, kTagReplay = 12, kTagGrad = 13 };
+
+// Timing-only: the work a kernel would do (forward's times `factor`), charged instead of computed.
+core::Work charged(core::Work w, double factor) {
+  w.flops *= factor;
+  comm::charge_flops(w.flops);
+  return w;
+}
 }  // namespace
 
 template <class T>
@@ -102,15 +110,18 @@ void RingAttention<T>::allocate_backward() {
 template <class T>
 void RingAttention<T>::load_dout(const T* dout) {
   allocate_backward();
+  if (s_.timing_only) return;  // no data
   core::pack_heads(pq_, dout, dout_.data());
 }
 
 template <class T>
 void RingAttention<T>::load(const T* q, const T* k, const T* v) {
   const core::Packing pk = packing(r_);
-  core::pack_heads(pq_, q, q_.data());
-  core::pack_heads(pk, k, kv_own_.data());
-  core::pack_heads(pk, v, kv_own_.data() + pk.kv_elems());
+  if (!s_.timing_only) {  // timing-only: no data
+    core::pack_heads(pq_, q, q_.data());
+    core::pack_heads(pk, k, kv_own_.data());
+    core::pack_heads(pk, v, kv_own_.data() + pk.kv_elems());
+  }
   const core::Shape& sh = s_.shape;
   ledger_ = core::Ledger{};
   ledger_.resident_qkv_elems = sh.B * L_ * (sh.H + 2 * sh.HKV) * sh.D;
@@ -122,7 +133,7 @@ PassStats RingAttention<T>::forward() {
   PassStats ps;
   const double t_pass = comm::wtime();
   core::OnlineState<A> st{m_.data(), l_.data(), acc_.data()};
-  core::init_online_state(pq_, st);
+  if (!s_.timing_only) core::init_online_state(pq_, st);
   ledger_.fwd_kv_send_elems = ledger_.fwd_kv_recv_elems = ledger_.remote_block_elems = 0;
   const A scale = static_cast<A>(s_.scale);
   const T* cur = kv_own_.data();
@@ -149,10 +160,13 @@ PassStats RingAttention<T>::forward() {
     }
     if (plan_.holds(r_, j)) {
       const double t0 = comm::wtime();
-      ps.work += core::block_forward(qshard_, view(owner, cur), *s_.mask, scale, st, ws_, [&] {
-        kvx.test();
-        if (s_.poll) s_.poll();
-      });
+      if (s_.timing_only)
+        ps.work += charged(core::count_block_forward(qshard_, view(owner, cur), *s_.mask, ws_), 1.0);
+      else
+        ps.work += core::block_forward(qshard_, view(owner, cur), *s_.mask, scale, st, ws_, [&] {
+          kvx.test();
+          if (s_.poll) s_.poll();
+        });
       rec.compute_s = comm::wtime() - t0;
       if (obs_) obs_->forward_block(j, owner, pq_, m_.data(), l_.data(), acc_.data());
     }
@@ -167,7 +181,7 @@ PassStats RingAttention<T>::forward() {
     if (s_.poll) s_.poll();
     if (s_.on_step) s_.on_step(0, j + 1, plan_.steps());
   }
-  core::finalize_forward(pq_, st, lse_.data());
+  if (!s_.timing_only) core::finalize_forward(pq_, st, lse_.data());
   ledger_.ring_bytes(Index(sizeof(T)), Index(sizeof(A)));
   ps.total_s = comm::wtime() - t_pass;
   return ps;
@@ -181,9 +195,11 @@ PassStats RingAttention<T>::backward() {
   ledger_.replay_kv_send_elems = ledger_.replay_kv_recv_elems = 0;
   ledger_.grad_send_elems = ledger_.grad_recv_elems = 0;
   const A scale = static_cast<A>(s_.scale);
-  core::compute_delta(pq_, dout_.data(), acc_.data(), delta_.data());
-  std::fill(dq_.begin(), dq_.end(), A(0));
-  std::fill(dkv_own_.begin(), dkv_own_.end(), A(0));
+  if (!s_.timing_only) {
+    core::compute_delta(pq_, dout_.data(), acc_.data(), delta_.data());
+    std::fill(dq_.begin(), dq_.end(), A(0));
+    std::fill(dkv_own_.begin(), dkv_own_.end(), A(0));
+  }
   const core::GradQueryShard<T> gq{qshard_, dout_.data(), m_.data(), l_.data(), delta_.data(), dq_.data()};
   const Index own_elems = static_cast<Index>(dkv_own_.size());
   // Gradient transfers of step j complete at the end of step j+1, so they overlap compute.
@@ -202,7 +218,7 @@ PassStats RingAttention<T>::backward() {
     if (pending[slot]) {
       pending[slot] = false;
       if (obs_) obs_->grad_received(step, (r_ + step) % N_, own_elems);
-      if (step != s_.hooks.drop_grad_step) {
+      if (step != s_.hooks.drop_grad_step && !s_.timing_only) {
         const A* src = grad_recv_.data();
         for (Index e = 0; e < own_elems; ++e) dkv_own_[e] += src[e];
       }
@@ -232,14 +248,17 @@ PassStats RingAttention<T>::backward() {
     if (j == 0 || returns) {
       const Index blk = block_elems(owner);
       A* target = j == 0 ? dkv_own_.data() : grad_send_[j % 2].data();
-      if (j > 0) std::fill_n(target, blk, A(0));
+      if (j > 0 && !s_.timing_only) std::fill_n(target, blk, A(0));
       const double t0 = comm::wtime();
-      ps.work += core::block_backward(gq, view(owner, cur), *s_.mask, scale, target, target + blk / 2, ws_, [&] {
-        kvx.test();
-        gx[0]->test();
-        gx[1]->test();
-        if (s_.poll) s_.poll();
-      });
+      if (s_.timing_only)
+        ps.work += charged(core::count_block_forward(qshard_, view(owner, cur), *s_.mask, ws_), 2.5);
+      else
+        ps.work += core::block_backward(gq, view(owner, cur), *s_.mask, scale, target, target + blk / 2, ws_, [&] {
+          kvx.test();
+          gx[0]->test();
+          gx[1]->test();
+          if (s_.poll) s_.poll();
+        });
       rec.compute_s = comm::wtime() - t0;
       if (obs_) obs_->replay_block(j, owner, packing(owner), target, target + blk / 2);
       if (returns) {

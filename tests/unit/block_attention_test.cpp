@@ -477,3 +477,52 @@ TEST(BlockAttention, PartialTilesAreComputedAsTrimmedStrips) {
   });
 }
 
+
+// A timing-only simulation charges count_block_forward's work instead of running the kernels: it
+// must be exactly what the kernels report, forward and backward (2.5x the flops), for every mask,
+// layout, tiling, GQA group and block of the ring, including the empty ones.
+TEST(BlockAttention, CountedWorkIsWhatTheKernelsReport) {
+  std::vector<Case> all = cases();
+  for (const Case& c : packed_cases()) all.push_back(c);
+  for (const Case& c : all) {
+    SCOPED_TRACE(c.name);
+    const Shape& s = c.s;
+    const Layout& l = c.layout;
+    const Global g = random_inputs(s, 11);
+    Workspace<double> ws = workspace<double>(c.tiling, s.D, l.max_size(), s.G());
+    Index pairs = 0;
+    for (int r = 0; r < l.ranks(); ++r) {
+      const Packing pq{s.B, s.HKV, s.G(), l.size(r), s.D};
+      auto q = shard_packed<double>(g.q, s, s.H, l, r), dout = shard_packed<double>(g.dout, s, s.H, l, r);
+      std::vector<double> m(pq.row_elems()), lsum(pq.row_elems()), lse(pq.row_elems()), acc(pq.q_elems()),
+          delta(pq.row_elems()), dq(pq.q_elems(), 0.0);
+      const QueryShard<double> qs{pq, l.positions(r), q.data()};
+      OnlineState<double> st{m.data(), lsum.data(), acc.data()};
+      init_online_state(pq, st);
+      for (int o = 0; o < l.ranks(); ++o) {
+        const Packing pk{s.B, s.HKV, 1, l.size(o), s.D};
+        auto k = shard_packed<double>(g.k, s, s.HKV, l, o), v = shard_packed<double>(g.v, s, s.HKV, l, o);
+        const KVBlock<double> kv{pk, l.positions(o), k.data(), v.data()};
+        const Work done = block_forward(qs, kv, c.mask, 0.5, st, ws);
+        const Work counted = count_block_forward(qs, KVBlock<double>{pk, l.positions(o), nullptr, nullptr}, c.mask, ws);
+        EXPECT_EQ(counted.tile_pairs, done.tile_pairs) << "rank " << r << " block " << o;
+        EXPECT_EQ(counted.flops, done.flops) << "rank " << r << " block " << o;
+        pairs += done.tile_pairs;
+      }
+      finalize_forward(pq, st, lse.data());
+      compute_delta(pq, dout.data(), acc.data(), delta.data());
+      const GradQueryShard<double> gq{qs, dout.data(), m.data(), lsum.data(), delta.data(), dq.data()};
+      for (int o = 0; o < l.ranks(); ++o) {
+        const Packing pk{s.B, s.HKV, 1, l.size(o), s.D};
+        auto k = shard_packed<double>(g.k, s, s.HKV, l, o), v = shard_packed<double>(g.v, s, s.HKV, l, o);
+        std::vector<double> dkv(2 * pk.kv_elems(), 0.0);
+        const Work done = block_backward(gq, KVBlock<double>{pk, l.positions(o), k.data(), v.data()}, c.mask, 0.5,
+                                         dkv.data(), dkv.data() + pk.kv_elems(), ws);
+        const Work counted = count_block_forward(qs, KVBlock<double>{pk, l.positions(o), nullptr, nullptr}, c.mask, ws);
+        EXPECT_EQ(counted.tile_pairs, done.tile_pairs) << "rank " << r << " block " << o;
+        EXPECT_EQ(2.5 * counted.flops, done.flops) << "rank " << r << " block " << o;
+      }
+    }
+    EXPECT_GT(pairs, 0);  // the case computes something
+  }
+}

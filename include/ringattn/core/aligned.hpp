@@ -9,6 +9,21 @@
 
 namespace ringattn::core {
 
+#ifdef RINGATTN_SMPI
+// Simulation build only: where buffers of at least kLargeBufferBytes come from when set (a
+// simulation that never reads its data folds them onto shared pages, see
+// comm::fold_large_buffers); otherwise aligned_alloc. `release` takes back every pointer the
+// allocator hands out once the source is set, whichever function allocated it. Set once, before
+// the buffers it should cover are made; never unset.
+struct LargeBufferSource {
+  void* (*allocate)(std::size_t bytes) = nullptr;
+  void (*release)(void* p) = nullptr;
+};
+inline constexpr std::size_t kLargeBufferBytes = std::size_t(1) << 20;
+inline LargeBufferSource g_large_buffer_source;
+inline void set_large_buffer_source(LargeBufferSource s) { g_large_buffer_source = s; }
+#endif
+
 template <class T>
 struct CacheAlignedAllocator {
   using value_type = T;
@@ -18,11 +33,22 @@ struct CacheAlignedAllocator {
   CacheAlignedAllocator(const CacheAlignedAllocator<U>&) {}  // NOLINT(google-explicit-constructor)
   T* allocate(std::size_t n) {
     const std::size_t bytes = (n * sizeof(T) + kAlign - 1) / kAlign * kAlign;
+#ifdef RINGATTN_SMPI
+    if (g_large_buffer_source.allocate && bytes >= kLargeBufferBytes) {
+      if (void* p = g_large_buffer_source.allocate(bytes)) return static_cast<T*>(p);  // page-aligned
+      throw std::bad_alloc();
+    }
+#endif
     void* p = std::aligned_alloc(kAlign, bytes == 0 ? kAlign : bytes);
     if (!p) throw std::bad_alloc();
     return static_cast<T*>(p);
   }
-  void deallocate(T* p, std::size_t) noexcept { std::free(p); }
+  void deallocate(T* p, std::size_t) noexcept {
+#ifdef RINGATTN_SMPI
+    if (g_large_buffer_source.release) return g_large_buffer_source.release(p);
+#endif
+    std::free(p);
+  }
   template <class U>
   bool operator==(const CacheAlignedAllocator<U>&) const {
     return true;

@@ -135,6 +135,14 @@ template <class S>
 Work block_backward(const GradQueryShard<S>& g, const KVBlock<S>& kv, const Mask& mask, accum_t<S> scale,
                     accum_t<S>* dk, accum_t<S>* dv, Workspace<accum_t<S>>& ws, Progress progress = {});
 
+// The Work block_forward would report for these operands, counted by the same walk over tiles
+// and strips without computing anything (the data pointers are not read): what a timing-only
+// simulation charges instead of the arithmetic. block_backward's is the same tile pairs and 2.5x
+// the flops.
+template <class S>
+Work count_block_forward(const QueryShard<S>& q, const KVBlock<S>& kv, const Mask& mask,
+                         const Workspace<accum_t<S>>& ws);
+
 // Whether any (query, key) pair of the rank and the block is visible (a whole block that is
 // not is skipped: no compute, no gradient).
 bool block_visible(const Mask& mask, std::span<const Index> qpos, std::span<const Index> kpos);

@@ -45,6 +45,9 @@ struct JobConfig {
   std::optional<double> rope;     // --rope THETA: RoPE on q and k at global positions (D even)
   std::string strategy = "ring";
   std::optional<int> ulysses_degree;  // --ulysses-degree U, usp only
+  // --timing-only (the SimGrid/SMPI build only): count the kernels' flops and charge them to the
+  // simulated hosts instead of computing; no outputs, no check, no loss.
+  bool timing_only = false;
   // --layer: a whole attention layer around the attention.
   bool layer = false;
   std::optional<Index> model_dim;

@@ -21,6 +21,7 @@ struct JobFacts {
   bool backward = true, layer = false, causal = false;
   Index model_dim = 0;
   std::optional<double> rope;
+  bool timing_only = false;  // simulation: counted flops charged, no values
 };
 
 // The layer's own per-rank figures (medians over --iters), for its table.

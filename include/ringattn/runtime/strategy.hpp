@@ -73,6 +73,9 @@ struct StrategySetup {
   StrategyKind kind = StrategyKind::ring;
   int ulysses_degree = 1;  // usp: ranks per all-to-all group (U); ulysses: N; ring: 1
   FaultHooks hooks;
+  // Simulation only: the kernels do not run; each block's work is counted as they would count it
+  // and charged to the simulated host (comm::charge_flops). Outputs are meaningless.
+  bool timing_only = false;
   // Called as each pass starts (done = 0) and after every ring step with (pass, steps done,
   // steps in the pass); may be empty.
   std::function<void(int pass, int done, int steps)> on_step;

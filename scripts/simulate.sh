@@ -1,0 +1,356 @@
+#!/usr/bin/env bash
+# Run ringattn on simulated clusters with SimGrid's SMPI: the same sources built with smpicxx
+# (RINGATTN_SMPI=ON, in build-smpi/), N simulated ranks on a platform file, the usual summary.
+#
+#   scripts/simulate.sh --platform FILE --ranks N [ringattn run options]
+#       one job: `ringattn run` on N simulated ranks; --report, --trace, --check work as usual;
+#       --timing-only charges the kernels' counted flops instead of computing (no outputs, no check)
+#   scripts/simulate.sh --sweep --platform FILE [--ranks "8 16 32 64 128 256 512 1024"]
+#       [--seqs "32768 131072 524288"] [--strategies ring] [--heads 32] [--kv-heads 8]
+#       [--head-dim 128] [--dtype f32] [--causal | --no-causal] [--real-max-flops F]
+#       [--run-args "..."] [--out build-smpi/simulate/sweep.csv]
+#       one simulated job per point, one CSV row each (then: scripts/plot.py --simulated FILE.csv)
+#   scripts/simulate.sh --calibrate
+#       measure this host's kernel rate (`ringattn probe`), then compare a real N=2 job under
+#       mpirun with the same job simulated on a two-rank twin of this machine
+#
+# Options of every mode:
+#   --host-speed FLOPS   this host's kernel rate, what SMPI scales measured compute by
+#                        (default: measured once by `ringattn probe` with the normal build and
+#                        kept in build-smpi/host-speed; also RINGATTN_HOST_SPEED)
+#   --platform FILE      a SimGrid platform (scripts/platforms/: infiniband.xml, ethernet.xml,
+#                        smp-nodes.xml; each says what it assumes)
+#
+# Calibration: SMPI measures the real time of the compute between two MPI calls and charges the
+# simulated host t * host_speed / platform_speed, so compute on the platform takes what its flop
+# rate says. Timing-only jobs charge the counted flops at the platform's speed directly.
+# The watchdog (--timeout) is off under simulation: times are simulated seconds, and SimGrid
+# itself reports a deadlock (every rank blocked) and ends the run.
+#
+# Sweep CSV columns: those of scripts/sweep.sh (N S B H HKV D dtype causal layout forward_s
+# backward_s compute_s wait_s wait_ratio fwd_wait_ratio bytes gflops tile_pairs imbalance
+# step_intensity max_error status), times in simulated seconds, then
+#   strategy platform mode (real | timing-only) wall_s (wall time of the simulation)
+#   exposed_wait  slowest rank's wait / its forward + backward time
+#   plan_flops plan_bandwidth   the platform's speed and ring-neighbour bandwidth given to `plan`
+#   plan_comm_ratio             plan's per-step receive / compute (beta / I_step)
+#   plan_exposed                max(0, 1 - 1 / plan_comm_ratio): the share of a step's time that
+#                               perfect overlap still waits (comparable with exposed_wait)
+#   plan_max_ranks_bound        plan's bound on N for I_step >= beta
+#   plan_verdict                plan's verdict for the point
+#   recommended                 the strategy probe would recommend (only ring exists: ring)
+# Points run with real compute while the busiest rank's forward + backward is at most
+# --real-max-flops (default 2e9: seconds of real compute per rank here); above, timing-only.
+set -euo pipefail
+source "$(dirname "$0")/common.sh"
+
+SMPI_BUILD="${RINGATTN_SMPI_BUILD:-$ROOT/build-smpi}"
+SMPI_BIN="$SMPI_BUILD/ringattn"
+die() { echo "simulate.sh: error: $*" >&2; exit 2; }
+usage() { sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; }
+
+MODE=run
+PLATFORM=""
+RANKS=""
+HOST_SPEED="${RINGATTN_HOST_SPEED:-}"
+SEQS="32768 131072 524288"
+STRATEGIES="ring"
+HEADS=32 KV_HEADS=8 HEAD_DIM=128 DTYPE=f32 CAUSAL=1
+REAL_MAX_FLOPS=2e9
+SWEEP_RUN_ARGS=""
+OUT=""
+RUN_ARGS=()
+while [ $# -gt 0 ]; do
+  case "$1" in
+    -h|--help) usage; exit 0 ;;
+    --sweep) MODE=sweep; shift; continue ;;
+    --calibrate) MODE=calibrate; shift; continue ;;
+  esac
+  if [ "$MODE" = run ]; then
+    case "$1" in
+      --platform|--ranks|--host-speed) [ $# -ge 2 ] || die "$1: needs a value" ;;
+    esac
+    case "$1" in
+      --platform) PLATFORM="$2"; shift 2 ;;
+      --ranks) RANKS="$2"; shift 2 ;;
+      --host-speed) HOST_SPEED="$2"; shift 2 ;;
+      *) RUN_ARGS+=("$1"); shift ;;
+    esac
+    continue
+  fi
+  case "$1" in
+    --causal) CAUSAL=1; shift; continue ;;
+    --no-causal) CAUSAL=0; shift; continue ;;
+  esac
+  [ $# -ge 2 ] || die "$1: needs a value (see --help)"
+  case "$1" in
+    --platform) PLATFORM="$2" ;;
+    --ranks) RANKS="$2" ;;
+    --host-speed) HOST_SPEED="$2" ;;
+    --seqs) SEQS="$2" ;;
+    --strategies) STRATEGIES="${2//,/ }" ;;
+    --heads) HEADS="$2" ;;
+    --kv-heads) KV_HEADS="$2" ;;
+    --head-dim) HEAD_DIM="$2" ;;
+    --dtype) DTYPE="$2" ;;
+    --real-max-flops) REAL_MAX_FLOPS="$2" ;;
+    --run-args) SWEEP_RUN_ARGS="$2" ;;
+    --out) OUT="$2" ;;
+    *) die "unknown option '$1' (see --help)" ;;
+  esac
+  shift 2
+done
+
+# ---- the simulation build -------------------------------------------------------------------
+build_smpi() {
+  command -v smpicxx >/dev/null || die "smpicxx not found (scripts/setup.sh --simgrid installs SimGrid)"
+  if [ ! -f "$SMPI_BUILD/CMakeCache.txt" ]; then
+    echo "simulate: configuring the SimGrid/SMPI build in $SMPI_BUILD" >&2
+    cmake -S "$ROOT" -B "$SMPI_BUILD" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_COMPILER=smpicxx \
+      -DRINGATTN_SMPI=ON >/dev/null
+  fi
+  nice cmake --build "$SMPI_BUILD" -j "$JOBS" --target ringattn_app >"$SMPI_BUILD/build.log" 2>&1 ||
+    { tail -20 "$SMPI_BUILD/build.log" >&2; die "the SimGrid/SMPI build failed (log: $SMPI_BUILD/build.log)"; }
+}
+
+# This host's kernel rate (FLOP/s): probe's compute_flops, f32, S=4096, H=8, D=128, one rank.
+host_speed() {
+  if [ -n "$HOST_SPEED" ]; then echo "$HOST_SPEED"; return; fi
+  if [ -s "$SMPI_BUILD/host-speed" ]; then cat "$SMPI_BUILD/host-speed"; return; fi
+  if [ ! -x "$BIN" ]; then
+    echo "simulate: building the normal binary for probe ($BUILD)" >&2
+    cmake -S "$ROOT" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release >/dev/null
+    nice cmake --build "$BUILD" -j "$JOBS" --target ringattn_app >/dev/null
+  fi
+  echo "simulate: measuring this host's kernel rate (ringattn probe)" >&2
+  local rate
+  rate="$(mpirun -np 1 "$BIN" probe --seq 4096 --heads 8 --head-dim 128 --json |
+    /usr/bin/python3 -c 'import json,sys; print("%.6g" % json.load(sys.stdin)["compute_flops"])')"
+  echo "$rate" >"$SMPI_BUILD/host-speed"
+  echo "$rate"
+}
+
+# Facts of a platform file: "hosts" (one line per rank it holds) or the cost model's machine figures.
+platform_info() {  # platform_info FILE hosts|flops|bandwidth
+  /usr/bin/python3 - "$1" "$2" <<'EOF'
+import re, sys, xml.etree.ElementTree as ET
+path, what = sys.argv[1:]
+def num(v):
+    m = re.fullmatch(r"([0-9.eE+-]+)\s*([a-zA-Z]*)", v.strip())
+    x, u = float(m.group(1)), m.group(2)
+    scale = {"": 1, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15}
+    for suffix in ("Bps", "f", "s"):
+        if u.endswith(suffix): u = u[: -len(suffix)]
+    return x * scale[u]
+root = ET.parse(path).getroot()
+hosts, flops, bw = [], None, None
+for c in root.iter("cluster"):
+    a, b = (int(x) for x in c.get("radical").split("-"))
+    cores = int(c.get("core", "1"))
+    # one line per rank (smpirun would otherwise write an unrolled copy into the working directory)
+    hosts += [f'{c.get("prefix")}{i}{c.get("suffix", "")}' for i in range(a, b + 1) for _ in range(cores)]
+    flops = flops or num(c.get("speed"))
+    # ring neighbours share a node when nodes hold several ranks
+    bw = bw or num(c.get("loopback_bw") if cores > 1 and c.get("loopback_bw") else c.get("bw"))
+for h in root.iter("host"):
+    hosts += [h.get("id")] * int(h.get("core", "1"))
+    flops = flops or num(h.get("speed"))
+if what == "hosts": print("\n".join(hosts))
+elif what == "flops": print("%.6g" % flops)
+else: print("%.6g" % bw)
+EOF
+}
+
+# simulate PLATFORM N [ringattn run options]: one simulated job; its exit code.
+simulate() {
+  local platform="$1" n="$2"
+  shift 2
+  [ -f "$platform" ] || die "--platform: $platform not found (expected a SimGrid platform file, see scripts/platforms/)"
+  [[ "$n" =~ ^[0-9]+$ ]] && [ "$n" -ge 1 ] || die "--ranks: '$n' is not a rank count (expected N >= 1)"
+  local speed hostfile cap timing=0 a
+  speed="$(host_speed)"
+  for a in "$@"; do [ "$a" = --timing-only ] && timing=1; done
+  hostfile="$(mktemp)"
+  platform_info "$platform" hosts >"$hostfile"
+  cap="$(wc -l <"$hostfile")"
+  [ "$n" -le "$cap" ] || { rm -f "$hostfile"; die "--ranks: $n is more than the $cap ranks $platform holds"; }
+  local cfg=(
+    "--cfg=smpi/host-speed:${speed}f"
+    # ringattn polls MPI_Test between tiles: no simulated time per poll or clock read
+    --cfg=smpi/test:0 --cfg=smpi/wtime:0
+    # Open MPI's choice of collective algorithms; SMPI's default ones are naive point-to-point
+    # fan-outs (an all-gather of 1024 ranks: a million messages)
+    --cfg=smpi/coll-selector:ompi
+    # folded (timing-only) buffers map one 4 MiB block repeatedly (src/comm/simulation.cpp rounds
+    # them to whole blocks): a quarter of the mappings of the 1 MiB default
+    --cfg=smpi/shared-malloc-blocksize:4194304
+    "--log=root.thres:warning" "--log=xbt_cfg.thres:warning"
+  )
+  # timing-only: nothing real is charged, only the counted flops (smpi_execute_flops)
+  [ "$timing" = 1 ] && cfg+=(--cfg=smpi/simulate-computation:no)
+  local rc=0
+  nice smpirun -np "$n" -platform "$platform" -hostfile "$hostfile" "${cfg[@]}" "$SMPI_BIN" run "$@" || rc=$?
+  rm -f "$hostfile"
+  return $rc
+}
+
+case "$MODE" in
+run)
+  [ -n "$PLATFORM" ] || die "--platform: missing (e.g. --platform scripts/platforms/infiniband.xml)"
+  [ -n "$RANKS" ] || die "--ranks: missing (the number of simulated ranks)"
+  build_smpi
+  simulate "$PLATFORM" "$RANKS" "${RUN_ARGS[@]}"
+  ;;
+
+calibrate)
+  build_smpi
+  rm -f "$SMPI_BUILD/host-speed"
+  speed="$(host_speed)"
+  echo "simulate: this host's kernel rate: $speed FLOP/s (smpi/host-speed)"
+  # A twin of this machine: two ranks on one host at the host's own speed, so that simulated
+  # compute equals measured compute; the link is shared memory as measured here.
+  twin="$SMPI_BUILD/this-machine.xml"
+  cat >"$twin" <<EOF
+<?xml version='1.0'?>
+<!DOCTYPE platform SYSTEM "https://simgrid.org/simgrid.dtd">
+<!-- This machine: one host of 2 cores at its measured kernel rate; shared memory 3 GB/s, 1 us. -->
+<platform version="4.1">
+  <zone id="world" routing="Full">
+    <cluster id="here" prefix="here-" suffix="" radical="0-0" speed="${speed}f" core="2"
+             bw="3GBps" lat="1us" loopback_bw="3GBps" loopback_lat="1us"/>
+  </zone>
+</platform>
+EOF
+  [ -x "$BIN" ] || die "$BIN not found (build the normal binary first)"
+  tmp="$(mktemp -d)"
+  trap 'rm -rf "$tmp"' EXIT
+  for S in 4096 8192; do
+    args=(--seq "$S" --heads 8 --head-dim 128 --causal --warmup 1 --iters 3)
+    mpirun -np 2 "$BIN" run "${args[@]}" --report "$tmp/real.json" >/dev/null
+    simulate "$twin" 2 "${args[@]}" --report "$tmp/sim.json" >/dev/null
+    /usr/bin/python3 - "$S" "$tmp/real.json" "$tmp/sim.json" <<'EOF'
+import json, sys
+S, real, sim = sys.argv[1], json.load(open(sys.argv[2])), json.load(open(sys.argv[3]))
+def fig(r):
+    return (r["time"]["forward_s"], r["time"]["backward_s"], max(x["time"]["compute_s"] for x in r["ranks"]))
+a, b = fig(real), fig(sim)
+print(f"S={S}: real N=2 forward {a[0]*1e3:.1f} ms backward {a[1]*1e3:.1f} ms compute {a[2]*1e3:.1f} ms | "
+      f"simulated forward {b[0]*1e3:.1f} ms backward {b[1]*1e3:.1f} ms compute {b[2]*1e3:.1f} ms | "
+      f"simulated/real: forward {b[0]/a[0]:.3f} backward {b[1]/a[1]:.3f} compute {b[2]/a[2]:.3f}")
+EOF
+  done
+  ;;
+
+sweep)
+  [ -n "$PLATFORM" ] || die "--platform: missing"
+  [ -f "$PLATFORM" ] || die "--platform: $PLATFORM not found"
+  RANKS="${RANKS:-8 16 32 64 128 256 512 1024}"
+  OUT="${OUT:-$SMPI_BUILD/simulate/sweep.csv}"
+  for v in $RANKS $SEQS "$HEADS" "$KV_HEADS" "$HEAD_DIM"; do
+    [[ "$v" =~ ^[0-9]+$ ]] && [ "$v" -ge 1 ] || die "'$v' is not an integer >= 1"
+  done
+  [ "$((HEADS % KV_HEADS))" -eq 0 ] || die "--kv-heads: H=$HEADS is not a multiple of HKV=$KV_HEADS"
+  case "$DTYPE" in f32|f64) ;; *) die "--dtype: '$DTYPE' (expected f32 or f64)" ;; esac
+  for s in $STRATEGIES; do
+    case "$s" in ring|ulysses|usp) ;; *) die "--strategies: unknown strategy '$s' (expected ring, ulysses, usp)" ;; esac
+  done
+  build_smpi
+  host_speed >/dev/null
+  [ -x "$BIN" ] || die "$BIN not found: the normal build gives plan's predictions"
+  PLAN_FLOPS="$(platform_info "$PLATFORM" flops)"
+  PLAN_BW="$(platform_info "$PLATFORM" bandwidth)"
+  mkdir -p "$(dirname "$OUT")"
+  tmp="$(mktemp -d)"
+  trap 'rm -rf "$tmp"' EXIT
+  COLS="N S B H HKV D dtype causal layout forward_s backward_s compute_s wait_s wait_ratio fwd_wait_ratio bytes \
+gflops tile_pairs imbalance step_intensity max_error status strategy platform mode wall_s exposed_wait plan_flops \
+plan_bandwidth plan_comm_ratio plan_exposed plan_max_ranks_bound plan_verdict recommended"
+  # Rows are written as the points finish (N ascending, every S at each N), so a sweep stopped
+  # early keeps the points it ran.
+  echo "${COLS// /,}" >"$OUT"
+  p=$([ "$DTYPE" = f32 ] && echo 4 || echo 8)
+  t_start=$SECONDS
+  for strategy in $STRATEGIES; do
+    for N in $RANKS; do
+      for S in $SEQS; do
+        # The busiest rank's forward + backward flops (3.5 x 4 B (S/N) S H D, halved when causal).
+        flops="$(/usr/bin/python3 -c "print(3.5*4*($S/$N)*$S*$HEADS*$HEAD_DIM*(0.5 if $CAUSAL else 1))")"
+        args=(--seq "$S" --heads "$HEADS" --kv-heads "$KV_HEADS" --head-dim "$HEAD_DIM" --dtype "$DTYPE"
+              --report "$tmp/report.json")
+        # ring is the default; --strategy is passed only for the others (a build without them refuses it)
+        [ "$strategy" != ring ] && args+=(--strategy "$strategy")
+        [ "$CAUSAL" = 1 ] && args+=(--causal)
+        mode=real
+        if /usr/bin/python3 -c "import sys; sys.exit(0 if $flops > $REAL_MAX_FLOPS else 1)"; then
+          mode=timing-only
+          args+=(--timing-only)
+        fi
+        [ "$N" -le 128 ] && args+=(--trace "$tmp/trace.jsonl")
+        # shellcheck disable=SC2206  # --run-args is split into words on purpose
+        [ -n "$SWEEP_RUN_ARGS" ] && args+=($SWEEP_RUN_ARGS)
+        rm -f "$tmp/report.json" "$tmp/trace.jsonl"
+        t0=$SECONDS
+        rc=0
+        simulate "$PLATFORM" "$N" "${args[@]}" >"$tmp/out.txt" 2>"$tmp/err.txt" || rc=$?
+        wall=$((SECONDS - t0))
+        case $rc in 0) status=ok ;; 1) status=check-failed ;; *) status="exit-$rc" ;; esac
+        [ $rc -ne 0 ] && echo "simulate: N=$N S=$S $strategy: $status: $(grep -m1 -i error "$tmp/err.txt" || tail -1 "$tmp/err.txt")" >&2
+        /usr/bin/python3 - "$N" "$S" "$HEADS" "$KV_HEADS" "$HEAD_DIM" "$DTYPE" "$CAUSAL" "$status" "$strategy" \
+            "$(basename "$PLATFORM" .xml)" "$mode" "$wall" "$PLAN_FLOPS" "$PLAN_BW" "$p" "$BIN" "$tmp/report.json" \
+            "$tmp/trace.jsonl" "$COLS" >>"$OUT" <<'EOF'
+import json, os, subprocess, sys
+(N, S, H, HKV, D, dtype, causal, status, strategy, platform, mode, wall, pflops, pbw, p, binary, report, trace,
+ cols) = sys.argv[1:]
+causal = causal == "1"
+plan = subprocess.run([binary, "plan", "--seq", S, "--ranks", N, "--heads", H, "--kv-heads", HKV, "--head-dim", D,
+                       "--bytes", p, "--flops", pflops, "--bandwidth", pbw, "--json"] + (["--causal"] if causal else []),
+                      capture_output=True, text=True)
+pj = json.loads(plan.stdout) if plan.returncode == 0 else {}
+row = dict(N=N, S=S, B=1, H=H, HKV=HKV, D=D, dtype=dtype, causal=int(causal), status=status, strategy=strategy,
+           platform=platform, mode=mode, wall_s=wall, plan_flops=pflops, plan_bandwidth=pbw,
+           step_intensity=pj.get("step_intensity", ""), recommended="ring")
+if pj.get("step_compute_s"):
+    ratio = pj["step_comm_s"] / pj["step_compute_s"]  # beta / I_step
+    # perfect overlap waits only for what compute cannot cover: max(0, comm - compute) of each step,
+    # as a fraction of the step's time max(comm, compute)
+    row.update(plan_comm_ratio=ratio, plan_exposed=max(0.0, 1.0 - 1.0 / ratio) if ratio > 0 else 0.0,
+               plan_max_ranks_bound=pj["step_intensity"] * int(N) / pj["beta"],  # I_step(N) N / beta
+               plan_verdict=pj.get("verdict", ""))
+if os.path.exists(report):
+    rep = json.load(open(report))
+    ranks = rep["ranks"]
+    row["layout"] = rep["config"]["layout"]
+    fwd, bwd = rep["time"]["forward_s"], rep["time"]["backward_s"]
+    comp = [r["time"]["compute_s"] for r in ranks]
+    wait = [r["time"]["wait_s"] for r in ranks]
+    flops = [r["work"]["flops"] for r in ranks]
+    mean = sum(flops) / len(flops)
+    slow = max(ranks, key=lambda r: r["time"]["forward_s"] + r["time"]["backward_s"])
+    total = slow["time"]["forward_s"] + slow["time"]["backward_s"]
+    row.update(forward_s=fwd, backward_s=bwd, compute_s=max(comp), wait_s=max(wait),
+               wait_ratio=sum(wait) / sum(comp) if sum(comp) > 0 else "",
+               exposed_wait=max(r["time"]["wait_s"] / (r["time"]["forward_s"] + r["time"]["backward_s"])
+                                for r in ranks if r["time"]["forward_s"] + r["time"]["backward_s"] > 0),
+               bytes=sum(r["ledger"]["send_bytes"] for r in ranks),
+               gflops=sum(flops) / (fwd + bwd) * 1e-9 if fwd + bwd > 0 else "",
+               tile_pairs=sum(r["work"]["tile_pairs"] for r in ranks),
+               imbalance=max(flops) / mean if mean > 0 else "")
+    if "check" in rep:
+        errs = [e for e in rep["check"]["max_rel_err"].values() if e is not None]
+        row["max_error"] = max(errs) if errs else ""
+if os.path.exists(trace):
+    steps = [json.loads(l) for l in open(trace) if l.strip()]
+    f = [s for s in steps if s.get("pass") == "forward"]
+    c = sum(s["compute_s"] for s in f)
+    row["fwd_wait_ratio"] = sum(s["wait_s"] for s in f) / c if c > 0 else ""
+fmt = lambda v: f"{v:.6g}" if isinstance(v, float) else str(v)
+print(",".join(fmt(row.get(k, "")) for k in cols.split()))
+EOF
+        printf 'simulate: %s S=%-7s N=%-5s %-11s %s (%ds wall, %ds total)\n' "$strategy" "$S" "$N" "$mode" "$status" \
+          "$wall" $((SECONDS - t_start)) >&2
+      done
+    done
+  done
+  echo "simulate: $OUT" >&2
+  ;;
+esac

@@ -1,0 +1,93 @@
+#!/usr/bin/env bash
+# The simulation build under test: builds build-smpi/ (SimGrid/SMPI) if needed, then
+#   - N = 8, 32, 64 simulated ranks on the InfiniBand platform (and 40 on Ethernet, 16 on shared-
+#     memory nodes) with real compute and --check
+#     (causal zigzag, GQA, f64 and f32, uneven shards), each against the dense float64 reference;
+#   - a timing-only job, whose counted work and bytes must equal the same job computed for real;
+#   - the options a timing-only job refuses (exit 2).
+# Needs SimGrid (scripts/setup.sh --simgrid). Prints its wall time.
+set -euo pipefail
+source "$(dirname "$0")/common.sh"
+bash "$ROOT/scripts/setup.sh" --simgrid
+SIM="$ROOT/scripts/simulate.sh"
+IB="$ROOT/scripts/platforms/infiniband.xml"
+SMP="$ROOT/scripts/platforms/smp-nodes.xml"
+t_start=$SECONDS
+tmp="$(mktemp -d)"
+trap 'rm -rf "$tmp"' EXIT
+# A fixed host speed: the checks do not depend on it, and no probe has to run first.
+export RINGATTN_HOST_SPEED="${RINGATTN_HOST_SPEED:-8e10}"
+failed=0
+fail() { echo "test_simgrid: FAIL: $*" >&2; failed=$((failed + 1)); }
+
+check_run() {  # check_run NAME PLATFORM N [run options]: --check must pass, the report must say so
+  local name="$1" platform="$2" n="$3"
+  shift 3
+  local t0=$SECONDS rc=0
+  bash "$SIM" --platform "$platform" --ranks "$n" "$@" --check --report "$tmp/$name.json" >"$tmp/$name.out" 2>&1 || rc=$?
+  if [ $rc -ne 0 ]; then
+    fail "$name: exit $rc"
+    tail -5 "$tmp/$name.out" >&2
+    return
+  fi
+  /usr/bin/python3 - "$tmp/$name.json" "$n" <<'EOF' || fail "$name: report"
+import json, sys
+r = json.load(open(sys.argv[1]))
+assert r["check"]["passed"], r["check"]
+assert len(r["ranks"]) == int(sys.argv[2]), len(r["ranks"])
+assert r["config"]["timeout"] == 0, "the watchdog is off under simulation"
+assert r["time"]["forward_s"] > 0 and r["time"]["backward_s"] > 0
+EOF
+  grep -q "simulated by SimGrid/SMPI" "$tmp/$name.out" || fail "$name: the summary does not say it was simulated"
+  echo "test_simgrid: $name: N=$n passed --check ($((SECONDS - t0)) s)"
+}
+
+# Build first; every rank must get its own copy of ringattn's globals: no STB_GNU_UNIQUE symbol,
+# which the loader would share between the per-rank copies of the executable.
+bash "$SIM" --platform "$IB" --ranks 1 --seq 8 --heads 1 --head-dim 8 >/dev/null 2>&1 || fail "a one-rank job"
+if nm -D "$ROOT/build-smpi/ringattn" | grep -q " u "; then
+  fail "unique symbols in build-smpi/ringattn (shared by all simulated ranks): $(nm -D "$ROOT/build-smpi/ringattn" | grep -c " u ")"
+fi
+
+check_run n8-f64 "$IB" 8 --seq 203 --heads 4 --kv-heads 2 --head-dim 16 --dtype f64 --causal
+check_run n32-f32 "$IB" 32 --seq 512 --heads 4 --kv-heads 1 --head-dim 32 --causal
+check_run n64-f64 "$IB" 64 --seq 640 --heads 2 --kv-heads 1 --head-dim 16 --dtype f64 --causal
+check_run n64-f32-window "$IB" 64 --seq 700 --heads 2 --head-dim 16 --window 40
+check_run n40-ethernet "$ROOT/scripts/platforms/ethernet.xml" 40 --seq 256 --heads 2 --head-dim 16 --causal
+check_run n16-smp-docs "$SMP" 16 --seq 333 --heads 2 --head-dim 16 --doc-lens 100,200,33 --causal --dtype f64
+
+# Timing-only: the same job's counted work and ledger as when computed, no check, marked.
+args=(--seq 2048 --heads 8 --kv-heads 2 --head-dim 64 --causal)
+t0=$SECONDS
+bash "$SIM" --platform "$IB" --ranks 16 "${args[@]}" --report "$tmp/real.json" >/dev/null 2>&1 || fail "real 16: exit $?"
+bash "$SIM" --platform "$IB" --ranks 16 "${args[@]}" --timing-only --report "$tmp/timing.json" >"$tmp/timing.out" 2>&1 ||
+  fail "timing-only 16: exit $?"
+/usr/bin/python3 - "$tmp/real.json" "$tmp/timing.json" <<'EOF' || fail "timing-only against real"
+import json, sys
+real, tim = (json.load(open(p)) for p in sys.argv[1:])
+assert tim["config"].get("timing_only") is True and "timing_only" not in real["config"]
+assert "check" not in tim and tim.get("loss") is None, "a timing-only job has no values"
+for a, b in zip(real["ranks"], tim["ranks"]):
+    assert a["work"] == b["work"] or (a["work"]["flops"] == b["work"]["flops"] and
+                                      a["work"]["tile_pairs"] == b["work"]["tile_pairs"]), (a["work"], b["work"])
+    assert a["ledger"] == b["ledger"], (a["rank"], a["ledger"], b["ledger"])
+# Both charge the same flops at the platform's speed: simulated compute agrees within 25% (the
+# real one is this host's kernel time scaled by --host-speed, timing-only the exact count).
+ca = max(r["time"]["compute_s"] for r in real["ranks"])
+cb = max(r["time"]["compute_s"] for r in tim["ranks"])
+assert cb > 0 and 0.1 < ca / cb < 10, (ca, cb)
+EOF
+grep -q "timing-only" "$tmp/timing.out" || fail "timing-only: the summary does not say so"
+echo "test_simgrid: timing-only N=16 matches the computed job's work and ledger ($((SECONDS - t0)) s)"
+
+for bad in --check "--out $tmp/o" --layer "--rope 10000"; do
+  rc=0
+  # shellcheck disable=SC2086  # $bad is an option and its value
+  bash "$SIM" --platform "$IB" --ranks 4 --seq 64 --timing-only $bad >"$tmp/bad.out" 2>&1 || rc=$?
+  [ $rc -eq 2 ] || fail "--timing-only $bad: exit $rc (expected 2)"
+  [ ! -e "$tmp/o" ] || fail "--timing-only $bad: left $tmp/o"
+done
+echo "test_simgrid: --timing-only refuses --check, --out, --layer, --rope (exit 2)"
+
+echo "test_simgrid: $failed failed, $((SECONDS - t_start)) s wall"
+[ "$failed" -eq 0 ]
