@@ -23,7 +23,7 @@ trap 'rm -rf "$tmp"' EXIT
 
 printf "causal S=%s H=%s D=%s f32; imbalance = max/mean of per-rank flops; models for contiguous shards:\n" \
   "$SEQ" "$HEADS" "$HEAD_DIM"
-printf "seed 003's 2N/(N+1) (the diagonal block computed whole) and (2N-1)/N (visible pairs only)\n"
+printf "the cost model's 2N/(N+1) (the diagonal block computed whole) and (2N-1)/N (visible pairs only)\n"
 printf "%3s  %-10s  %9s  %7s  %7s  %11s  %11s  %11s  %9s  %s\n" N layout imbalance "2N/(N+1)" "(2N-1)/N" "fwd (s)" \
   "bwd (s)" "total (s)" "speedup" "flops causal/full"
 for N in $TIMED $COUNTED; do

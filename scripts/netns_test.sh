@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Two "hosts" on one machine: a ringattn job whose ranks run in two network namespaces joined by
-# a veth pair, talking TCP the way they would across nodes (issue 7, "Across hosts").
+# a veth pair, talking TCP the way they would across nodes.
 #
 #   bash scripts/netns_test.sh [BINARY] [extra `ringattn run` options]
 #   bash scripts/netns_test.sh BINARY probe [`ringattn probe` options]   (measure over TCP instead)

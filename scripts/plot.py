@@ -10,10 +10,10 @@ Writes four PNGs next to the CSV (or in --outdir), named after it:
   STEM_time.png       forward + backward time against S, one line per N and layout (log-log);
   STEM_strategies.png the strategies compared over S (N > 1): forward + backward time, and the exposed
                       wait with its all-to-all part, one line per N, strategy and layout;
-  STEM_wait.png       exposed forward wait / forward compute against the seed-003 step intensity
+  STEM_wait.png       exposed forward wait / forward compute against the cost model's step intensity
                       I_step, with the model's line comm/compute = beta / I_step (rows with a ring);
   STEM_imbalance.png  max / mean FLOPs over ranks per layout and N (causal rows of the ring), with the
-                      seed's contiguous-shard model 2N/(N+1).
+                      the cost model's contiguous-shard model 2N/(N+1).
 beta is the machine's FLOP/byte ratio measured by `ringattn probe` (compute rate / ring bandwidth at
 one K/V block): --beta, or the "beta" of --probe, or of STEM.probe.json next to the CSV when sweep.sh
 wrote one. Without it the wait chart says so and draws no model line.
@@ -232,14 +232,14 @@ def plot_imbalance(rows, out, cores):
             ys.append(r["imbalance"])
             labels.append(f"S={r['S']}")
         bars = ax.bar(xs, ys, width=width * 0.95, label=layout, color=COLORS[i % len(COLORS)])
-        if causal and layout == "contiguous":  # the seed's model is about contiguous shards
+        if causal and layout == "contiguous":  # that model is about contiguous shards
             present = [n for n in ns if any(r["N"] == n and r["layout"] == layout for r in use)]
             for k, (x, n) in enumerate(zip(xs, present)):
                 # 1 / utilization: diagonal block counted whole (N+1)/2N, or as a triangle N/(2N-1)
                 ax.hlines(2 * n / (n + 1), x - width / 2, x + width / 2, colors="black", linestyles="--",
-                          linewidth=2, label="seed model, diagonal block whole: 2N/(N+1)" if k == 0 else None)
+                          linewidth=2, label="block model, diagonal block whole: 2N/(N+1)" if k == 0 else None)
                 ax.hlines((2 * n - 1) / n, x - width / 2, x + width / 2, colors="black", linestyles=":",
-                          linewidth=2, label="seed model, diagonal as a triangle: (2N-1)/N" if k == 0 else None)
+                          linewidth=2, label="block model, diagonal as a triangle: (2N-1)/N" if k == 0 else None)
         for b, t in zip(bars, labels):
             ax.text(b.get_x() + b.get_width() / 2, b.get_height() / 2, f"{b.get_height():.2f}\n{t}", ha="center",
                     va="center", fontsize=8, color="white")

@@ -232,9 +232,9 @@ def test_bad_input_exits_2():
 
 
 def test_balance_and_window():
-    """Issue 4's acceptance, by counts (not time) on N=4: causal S=4096, H=2, D=32.
+    """The balance requirement, by counts (not time) on N=4: causal S=4096, H=2, D=32.
 
-    The imbalance is max/mean of work.flops, which counts the work actually done. The seed's block
+    The imbalance is max/mean of work.flops, which counts the work actually done. The worked example's block
     model 2N/(N+1) = 1.6 computes the diagonal block whole; computing only the visible pairs gives
     the triangle (2N-1)/N = 1.75. Partial tiles are computed as trimmed strips, so the measured
     value lies between the two, near the triangle."""

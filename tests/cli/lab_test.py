@@ -1,10 +1,10 @@
 #!/usr/bin/python3
-"""End-to-end checks of `ringattn lab`, the seed-000 walkthrough, one named test per invocation.
+"""End-to-end checks of `ringattn lab`, the five-position walkthrough, one named test per invocation.
 
     lab_test.py NAME --binary PATH [--mpirun EXE]
 
 Each test runs real mpirun jobs and exits 0 when every assertion holds, 1 otherwise.
-The expected numbers are the seed's (five positions, D=2, float64, causal, rank 0 owns 0,1 and
+The expected numbers are the worked example's (five positions, D=2, float64, causal, rank 0 owns 0,1 and
 rank 1 owns 2,3,4): K and V of one position are 4 elements of 8 B.
 """
 import json
@@ -17,7 +17,7 @@ from harness import check, main, run  # noqa: E402
 
 ARGS = None  # set by harness.main
 
-# The seed's ledger (rank 0, rank 1): elements that moved, per pass and direction, and memory.
+# The worked example's ledger (rank 0, rank 1): elements that moved, per pass and direction, and memory.
 SEED_LEDGER = [
     {"fwd_kv_send_elems": 8, "replay_kv_send_elems": 8, "grad_send_elems": 12,
      "fwd_kv_recv_elems": 12, "replay_kv_recv_elems": 12, "grad_recv_elems": 8,
@@ -80,7 +80,7 @@ def test_seed_ledger():
         for k in ("forward_s", "backward_s", "compute_s", "wait_s"):
             check(isinstance(rr["time"].get(k), float) and rr["time"][k] >= 0, f"rank {r} time.{k}")
         check(rr["work"]["tile_pairs"] > 0, f"rank {r} did work")
-    # Every event of the seed's protocol: 4 forward reads, 4 replays, 2 returns sent and 2 received.
+    # Every event of the worked example's protocol: 4 forward reads, 4 replays, 2 returns sent and 2 received.
     section = p.stdout.split("events (in step order")[-1].split("final outputs")[0]
     events = [l for l in section.splitlines() if l[:6].strip().isdigit()]
     check(len(events) == 12, f"12 events in the table (got {len(events)})")
@@ -106,7 +106,7 @@ def test_skip_empty_saves_bytes():
 
 
 def test_wrong_rank_count_exits_2():
-    for n, args, what in ((3, [], "N=3 with the seed's two owners"), (1, [], "N=1 with the seed's two owners"),
+    for n, args, what in ((3, [], "N=3 with the worked example's two owners"), (1, [], "N=1 with the worked example's two owners"),
                           (2, ["--partition", "1,1,3"], "three sizes on two ranks"),
                           (2, ["--partition", "1,3"], "sizes summing to 4, not S=5")):
         p = ringattn(n, "lab", *args)
@@ -127,7 +127,7 @@ def test_explore_options():
     check(abs(rep["loss"] - causal["loss"]) > 1e-6, "--no-causal changes the loss")
     # The full protocol moves every block whatever the mask.
     for r, want in enumerate(SEED_LEDGER):
-        check(rep["ranks"][r]["ledger"]["send_bytes"] == want["send_bytes"], f"--no-causal: rank {r} bytes as seed")
+        check(rep["ranks"][r]["ledger"]["send_bytes"] == want["send_bytes"], f"--no-causal: rank {r} bytes as the worked example")
     for part, n in (("3,2", 2), ("0,5", 2), ("2,0,3", 3), ("5", 1)):
         p, rep = lab(n, "--partition", part)
         check(p.returncode == 0 and rep is not None, f"--partition {part} on N={n}: exit 0 ({p.stderr.strip()})")
@@ -166,7 +166,7 @@ def test_inputs_match_numpy():
 
 
 def test_layer():
-    """`lab --layer`: the layer around the seed's ring, checked against numpy autograd-free math:
+    """`lab --layer`: the layer around the worked example's ring, checked against numpy autograd-free math:
     q, k, v = X Wq, X Wk, X Wv; causal attention; Y = O Wo; the backward by hand; and the
     weight gradients summed (not averaged) over the two ranks, identical on both."""
     import numpy as np
@@ -219,7 +219,7 @@ def test_layer():
         check(led.get("allreduce_send_elems") == want_send and led.get("allreduce_recv_elems") == want_send,
               f"rank {r}: all-reduce sent/received {led.get('allreduce_send_elems')}/"
               f"{led.get('allreduce_recv_elems')} elems = {want_send}")
-        check(led["send_bytes"] == SEED_LEDGER[r]["send_bytes"], f"rank {r}: ring bytes are the seed's")
+        check(led["send_bytes"] == SEED_LEDGER[r]["send_bytes"], f"rank {r}: ring bytes are the worked example's")
     p2 = ringattn(2, "lab", "--layer", "--inputs", "/nonexistent")
     check(p2.returncode == 2 and "--inputs" in p2.stderr, "--layer with --inputs: exit 2 naming --inputs")
 

@@ -1,6 +1,6 @@
 #!/usr/bin/python3
 """End-to-end checks of `ringattn plan`, `ringattn probe`, scripts/sweep.sh and scripts/plot.py
-(issue 6's acceptance lines), one named test per invocation:
+(the measurement requirements), one named test per invocation:
 
     measure_test.py NAME --binary PATH [--mpirun EXE] [--root SOURCE_DIR]
 
@@ -37,14 +37,14 @@ PLAN_KEYS = ["recv_bytes", "send_bytes", "step_intensity", "layer_intensity", "b
              "causal_utilization_tri", "ulysses_recv_bytes", "tp_bytes", "verdict"]
 
 
-# Seed 003, sections 4, 4.1, 4.2, 6, 13: S=262144, N=8, H=32, HKV=8, D=128, p=2, 312e12, 300e9.
+# The cost model's worked example: S=262144, N=8, H=32, HKV=8, D=128, p=2, 312e12, 300e9.
 def test_plan_seed_figures():
     seed = ["--seq", 262144, "--ranks", 8, "--heads", 32, "--kv-heads", 8, "--head-dim", 128, "--batch", 1,
             "--bytes", 2, "--flops", 312e12, "--bandwidth", 300e9]
     j = plan(*seed)
-    check(list(j)[:len(PLAN_KEYS)] == PLAN_KEYS, f"the issue's keys, in order: {list(j)}")
+    check(list(j)[:len(PLAN_KEYS)] == PLAN_KEYS, f"the documented keys, in order: {list(j)}")
     check(set(j) == set(PLAN_KEYS) | {"inputs", "strategies", "recommended", "recommended_ulysses_degree"},
-          "nothing but the issue's keys, the echoed inputs and the strategies")
+          "nothing but the documented keys, the echoed inputs and the strategies")
     want = {"recv_bytes": 0.94e9, "send_bytes": 0.94e9, "step_intensity": 131072, "layer_intensity": 149797,
             "beta": 1040, "compute_s": 0.451, "comm_s": 3.13e-3, "comm_ratio": 0.0069, "step_compute_s": 56.4e-3,
             "step_comm_s": 0.447e-3, "causal_utilization": 0.563, "causal_utilization_tri": 0.533,
@@ -64,8 +64,8 @@ def test_plan_seed_figures():
     inp = j.get("inputs", {})
     check(inp.get("seq") == 262144 and inp.get("ranks") == 8 and inp.get("kv_heads") == 8 and
           inp.get("causal") is False, f"inputs echoed: {inp}")
-    # the defaults are the seed's example
-    check(plan() == j, "plan with no options = the seed example")
+    # the defaults are the cost model's example
+    check(plan() == j, "plan with no options = the reference example")
     # across nodes on 400 Gb/s IB, 50 GB/s per GPU: 18.8 ms, 4.2%
     ib = plan("--bandwidth", 50e9)
     close(ib.get("comm_s"), 18.8e-3, 0.01, "IB comm_s")
@@ -218,7 +218,7 @@ def test_sweep_plot():
             want = 2 * int(r["S"]) / int(r["N"]) * 2 / 4 * (0.5 if r["causal"] == "1" else 1)
             close(float(r["step_intensity"]), want, 1e-12, f"{what}: step_intensity")
         contig = [r for r in rows if r["N"] == "2" and r["causal"] == "1" and r["layout"] == "contiguous"]
-        for r in contig:  # seed models at N = 2: 2N/(N+1) = 4/3 (diagonal whole) .. (2N-1)/N = 3/2 (triangle)
+        for r in contig:  # block models at N = 2: 2N/(N+1) = 4/3 (diagonal whole) .. (2N-1)/N = 3/2 (triangle)
             x = float(r["imbalance"])  # the CSV keeps 6 significant digits
             check(4 / 3 - 1e-5 <= x <= 3 / 2 + 1e-5, f"S={r['S']}: contiguous causal imbalance {x:.4f} in [4/3, 3/2]")
         p = run(["/usr/bin/python3", f"{ARGS.root}/scripts/plot.py", out, "--beta", 20])

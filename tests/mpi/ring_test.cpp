@@ -172,7 +172,7 @@ void expect_all_within(double tol, Traffic traffic) {
 // f64: the ring reorders sums but nothing else; 1e-12 of max|ref| leaves room for S = 70.
 TEST(RingAttention, MatchesDenseReferenceFloat64) { expect_all_within<double>(1e-12, Traffic::aware); }
 
-// The seed's teaching protocol (every block everywhere) and the traffic-aware plan give the
+// The worked example's teaching protocol (every block everywhere) and the traffic-aware plan give the
 // same results; only the ledger differs, and each matches its closed form.
 TEST(RingAttention, FullTrafficMatchesDenseReferenceFloat64) { expect_all_within<double>(1e-12, Traffic::full); }
 

@@ -1,9 +1,9 @@
-// The five experiments of seed 000, on the seed's own example (five positions, D=2, float64,
+// The five experiments on the worked example (five positions, D=2, float64,
 // causal, dout = G/5) run through `ringattn lab`'s library call on real ranks. Each test fails
-// when the property it names breaks. Most need N=2 (the seed's two owners, partition {2, 3});
+// when the property it names breaks. Most need N=2 (the worked example's two owners, partition {2, 3});
 // the empty-rank experiments also run at N=3 with partition {2, 0, 3}.
 //
-// Tolerance: the seed's tensors are O(1) and every output is a sum of at most five terms, so
+// Tolerance: the worked example's tensors are O(1) and every output is a sum of at most five terms, so
 // the ring and the dense reference differ by a few ulps of f64; 1e-14 of max|ref| is ~45 ulps.
 // A broken property moves an output by 1e-2 or more (asserted below as > 1e-3).
 #include <gtest/gtest.h>
@@ -124,7 +124,7 @@ std::vector<Index> partition_with_empty_rank() {
 // is local 0 on rank 1). Its output differs from attending its own block alone and from a causal
 // rule on local indices, and equals the dense reference.
 TEST(SeedExperiments, CausalBoundaryPosition2SeesPositions0And1) {
-  if (ranks() != 2) GTEST_SKIP() << "the seed's two owners need N=2";
+  if (ranks() != 2) GTEST_SKIP() << "the worked example's two owners need N=2";
   const LabResult r = lab({2, 3});
   const Index D = r.in.shape.D;
   expect_exact(r);
@@ -224,11 +224,11 @@ TEST(SeedExperiments, EmptyRowsOfARankWithNoPositionsStillGiveExactResults) {
 }
 
 // Blocks of 2 and 3 positions (and 1 and 4) are exact, and every transfer has the exact size of
-// the block it carries: no size message, no padding to the largest block. For the seed's {2, 3}
-// the ledger is the seed's: rank 0 sends 8 + 8 + 12 elements (224 B) and receives 12 + 12 + 8
+// the block it carries: no size message, no padding to the largest block. For the worked example's {2, 3}
+// the ledger is the worked example's: rank 0 sends 8 + 8 + 12 elements (224 B) and receives 12 + 12 + 8
 // (256 B), rank 1 the reverse; resident Q/K/V 12 and 18, remote block 12 and 8, online state 8, 12.
 TEST(SeedExperiments, DifferentBlockSizesAreExactAndMovedAtTheirExactSize) {
-  if (ranks() != 2) GTEST_SKIP() << "the seed's two owners need N=2";
+  if (ranks() != 2) GTEST_SKIP() << "the worked example's two owners need N=2";
   const Index e = 2 * 2;  // K and V of one position: 2 B HKV D with B = HKV = 1, D = 2
   for (const std::vector<Index>& part : {std::vector<Index>{2, 3}, {3, 2}, {1, 4}, {4, 1}}) {
     SCOPED_TRACE(testing::Message() << "partition " << part[0] << "," << part[1]);
@@ -273,7 +273,7 @@ TEST(SeedExperiments, DifferentBlockSizesAreExactAndMovedAtTheirExactSize) {
 // the reference, while O, LSE and dQ (which never travel back) stay exact, and the lab's check
 // fails: losing a return cannot go unnoticed.
 TEST(SeedExperiments, DroppedGradientReturnIsDetected) {
-  if (ranks() != 2) GTEST_SKIP() << "the seed's two owners need N=2";
+  if (ranks() != 2) GTEST_SKIP() << "the worked example's two owners need N=2";
   const LabResult r = lab({2, 3}, true, false, /*drop_grad_step=*/1);
   const RelErrors e = errors(r);
   EXPECT_LE(e.o, kExact);
@@ -292,7 +292,7 @@ TEST(SeedExperiments, DroppedGradientReturnIsDetected) {
 // weighting each block by its exp mass e^(LSE_b - LSE) recovers the reference, as does the
 // ring's online merge.
 TEST(SeedExperiments, EqualWeightAveragingIsDetectedAsWrong) {
-  if (ranks() != 2) GTEST_SKIP() << "the seed's two owners need N=2";
+  if (ranks() != 2) GTEST_SKIP() << "the worked example's two owners need N=2";
   const LabResult r = lab({2, 3});
   expect_exact(r);
   const Index S = r.in.shape.S, D = r.in.shape.D;

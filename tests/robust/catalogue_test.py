@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""Catalogue of malformed inputs and options for `ringattn run` (issue 7, "Bad input").
+"""Catalogue of malformed inputs and options for `ringattn run`.
 
     catalogue_test.py --binary PATH [--mpirun EXE] [--jobs 2] [--only NAME ...] [--list]
 

@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""Faults during a `ringattn run` job (issue 7, "Faults"), one named test per invocation.
+"""Faults during a `ringattn run` job, one named test per invocation.
 
     fault_test.py NAME --binary PATH [--mpirun EXE]
 

@@ -12,12 +12,12 @@ using namespace ringattn::core;
 
 namespace {
 // The seed prints its figures to 3 significant digits; 0.5% of the value is within that print
-// precision for every figure below (and well within the 1%).
+// precision for every figure below (and well within 1%).
 void expect_close(double got, double want, const char* what, double rel = 5e-3) {
   EXPECT_NEAR(got, want, rel * std::abs(want)) << what;
 }
 
-// Seed 003 section 2: S=262144, N=8, H=32, HKV=8 (GQA 4), D=128, B=1, bf16, A100 312e12 FLOP/s,
+// The cost model's worked example (section 2): S=262144, N=8, H=32, HKV=8 (GQA 4), D=128, B=1, bf16, A100 312e12 FLOP/s,
 // NVLink one-way 300e9 B/s. These are CostInputs' defaults.
 const CostInputs kSeed{};
 }  // namespace
@@ -235,7 +235,7 @@ TEST(CostModel, RejectsBadInputsNamingTheOption) {
 }
 
 // The strategies side by side: ulysses receives what the runtime's all-to-all ledger counts, the
-// seed's 0.587 GB without LSE; the ring row is the ring's own figures; usp sits between.
+// the cost model's 0.587 GB without LSE; the ring row is the ring's own figures; usp sits between.
 TEST(CostModel, StrategiesSideBySide) {
   const std::vector<StrategyEstimate> st = estimate_strategies(kSeed);
   ASSERT_EQ(st.size(), 4u);  // ring, ulysses, usp U=2, usp U=4

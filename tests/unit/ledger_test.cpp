@@ -5,7 +5,7 @@
 
 using namespace ringattn::core;
 
-// Seed 000's two-rank, five-position example (D = 2, H = HKV = B = 1, float64): rank 0 sends
+// The worked two-rank, five-position example (D = 2, H = HKV = B = 1, float64): rank 0 sends
 // 8 + 8 + 12 elements (224 B) and receives 12 + 12 + 8 (256 B); rank 1 the reverse.
 TEST(Ledger, SeedExampleMatchesThePublishedAccounting) {
   const Layout l = Layout::partitioned({2, 3});
