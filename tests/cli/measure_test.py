@@ -38,7 +38,7 @@ PLAN_KEYS = ["recv_bytes", "send_bytes", "step_intensity", "layer_intensity", "b
 
 
 # The cost model's worked example: S=262144, N=8, H=32, HKV=8, D=128, p=2, 312e12, 300e9.
-def test_plan_seed_figures():
+def test_plan_reference_figures():
     seed = ["--seq", 262144, "--ranks", 8, "--heads", 32, "--kv-heads", 8, "--head-dim", 128, "--batch", 1,
             "--bytes", 2, "--flops", 312e12, "--bandwidth", 300e9]
     j = plan(*seed)

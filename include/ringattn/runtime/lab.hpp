@@ -4,7 +4,7 @@
 // for a fixed upstream G. Every event of the ring forward and backward is recorded on the rank
 // that performed it (through RingObserver) and gathered, with the outputs, the dense float64
 // reference and every rank's ledger, so the walkthrough and the experiments on the example
-// (tests/mpi/seed_experiments_test.cpp) read the same numbers. The words and tables are the
+// (tests/mpi/worked_example_test.cpp) read the same numbers. The words and tables are the
 // command line's; this is the data.
 #include <optional>
 #include <string>

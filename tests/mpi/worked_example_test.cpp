@@ -123,7 +123,7 @@ std::vector<Index> partition_with_empty_rank() {
 // boundary: the causal rule compares global positions (2 >= 0, 1), not local indices (position 2
 // is local 0 on rank 1). Its output differs from attending its own block alone and from a causal
 // rule on local indices, and equals the dense reference.
-TEST(SeedExperiments, CausalBoundaryPosition2SeesPositions0And1) {
+TEST(WorkedExample, CausalBoundaryPosition2SeesPositions0And1) {
   if (ranks() != 2) GTEST_SKIP() << "the worked example's two owners need N=2";
   const LabResult r = lab({2, 3});
   const Index D = r.in.shape.D;
@@ -159,7 +159,7 @@ TEST(SeedExperiments, CausalBoundaryPosition2SeesPositions0And1) {
 // under causal, or any row against an empty rank's block) leaves its running state (m, l, a)
 // bit for bit as it was, contributes exactly zero to that block's dK/dV, and nothing anywhere
 // becomes NaN.
-TEST(SeedExperiments, EmptyRowsInABlockLeaveTheStateUntouchedWithoutNaN) {
+TEST(WorkedExample, EmptyRowsInABlockLeaveTheStateUntouchedWithoutNaN) {
   std::vector<Index> part = ranks() == 2 ? std::vector<Index>{2, 3} : partition_with_empty_rank();
   if (part.empty()) GTEST_SKIP() << "runs at N=2 and N=3";
   const LabResult r = lab(part);
@@ -201,7 +201,7 @@ TEST(SeedExperiments, EmptyRowsInABlockLeaveTheStateUntouchedWithoutNaN) {
 // A rank that owns no positions ({0, 5} at N=2, {2, 0, 3} at N=3) still forwards the ring: every
 // output is exact, causal or not, with or without the all-zero gradient returns; it holds no
 // Q/K/V and no online state, and receives no gradient.
-TEST(SeedExperiments, EmptyRowsOfARankWithNoPositionsStillGiveExactResults) {
+TEST(WorkedExample, EmptyRowsOfARankWithNoPositionsStillGiveExactResults) {
   const std::vector<Index> part = partition_with_empty_rank();
   if (part.empty()) GTEST_SKIP() << "runs at N=2 and N=3";
   for (bool causal : {true, false})
@@ -227,7 +227,7 @@ TEST(SeedExperiments, EmptyRowsOfARankWithNoPositionsStillGiveExactResults) {
 // the block it carries: no size message, no padding to the largest block. For the worked example's {2, 3}
 // the ledger is the worked example's: rank 0 sends 8 + 8 + 12 elements (224 B) and receives 12 + 12 + 8
 // (256 B), rank 1 the reverse; resident Q/K/V 12 and 18, remote block 12 and 8, online state 8, 12.
-TEST(SeedExperiments, DifferentBlockSizesAreExactAndMovedAtTheirExactSize) {
+TEST(WorkedExample, DifferentBlockSizesAreExactAndMovedAtTheirExactSize) {
   if (ranks() != 2) GTEST_SKIP() << "the worked example's two owners need N=2";
   const Index e = 2 * 2;  // K and V of one position: 2 B HKV D with B = HKV = 1, D = 2
   for (const std::vector<Index>& part : {std::vector<Index>{2, 3}, {3, 2}, {1, 4}, {4, 1}}) {
@@ -272,7 +272,7 @@ TEST(SeedExperiments, DifferentBlockSizesAreExactAndMovedAtTheirExactSize) {
 // An owner that ignores the gradient contribution returned at step 1 ends with dK and dV far from
 // the reference, while O, LSE and dQ (which never travel back) stay exact, and the lab's check
 // fails: losing a return cannot go unnoticed.
-TEST(SeedExperiments, DroppedGradientReturnIsDetected) {
+TEST(WorkedExample, DroppedGradientReturnIsDetected) {
   if (ranks() != 2) GTEST_SKIP() << "the worked example's two owners need N=2";
   const LabResult r = lab({2, 3}, true, false, /*drop_grad_step=*/1);
   const RelErrors e = errors(r);
@@ -291,7 +291,7 @@ TEST(SeedExperiments, DroppedGradientReturnIsDetected) {
 // blocks the same total weight and misses the reference for every row that sees both blocks;
 // weighting each block by its exp mass e^(LSE_b - LSE) recovers the reference, as does the
 // ring's online merge.
-TEST(SeedExperiments, EqualWeightAveragingIsDetectedAsWrong) {
+TEST(WorkedExample, EqualWeightAveragingIsDetectedAsWrong) {
   if (ranks() != 2) GTEST_SKIP() << "the worked example's two owners need N=2";
   const LabResult r = lab({2, 3});
   expect_exact(r);
