@@ -161,6 +161,23 @@ double UspAttention<S>::exchange(Pass pass, const std::vector<T>& send, const st
   return rec.wait_s;
 }
 
+// A pass's figures: the all-to-all in, the ring's steps, the all-to-all out.
+template <class S>
+PassStats UspAttention<S>::finish_pass(const StepRecord& in, const PassStats& ring, const StepRecord& out,
+                                       double t_pass) {
+  PassStats ps;
+  ps.steps.push_back(in);
+  ps.steps.insert(ps.steps.end(), ring.steps.begin(), ring.steps.end());
+  ps.steps.push_back(out);
+  ps.work = ring.work;
+  ps.compute_s = ring.compute_s;
+  ps.a2a_wait_s = in.wait_s + out.wait_s;
+  ps.wait_s = ring.wait_s + ps.a2a_wait_s;
+  fold_ledger();
+  ps.total_s = comm::wtime() - t_pass;
+  return ps;
+}
+
 template <class S>
 void UspAttention<S>::fold_ledger() {
   const core::Ledger& ring = inner_->ledger();
@@ -175,7 +192,6 @@ void UspAttention<S>::fold_ledger() {
 
 template <class S>
 PassStats UspAttention<S>::forward() {
-  PassStats ps;
   const double t_pass = comm::wtime();
   const core::Shape& sh = s_.shape;
   const Index B = sh.B, D = sh.D, Hu = hs_.Hu, qr = q_row(), kr = kv_row(), qkv = qr + 2 * kr;
@@ -240,21 +256,11 @@ PassStats UspAttention<S>::forward() {
   }
   out.compute_s += comm::wtime() - t0;
 
-  ps.steps.push_back(in);
-  ps.steps.insert(ps.steps.end(), ring.steps.begin(), ring.steps.end());
-  ps.steps.push_back(out);
-  ps.work = ring.work;
-  ps.compute_s = ring.compute_s;
-  ps.a2a_wait_s = in.wait_s + out.wait_s;
-  ps.wait_s = ring.wait_s + ps.a2a_wait_s;
-  fold_ledger();
-  ps.total_s = comm::wtime() - t_pass;
-  return ps;
+  return finish_pass(in, ring, out, t_pass);
 }
 
 template <class S>
 PassStats UspAttention<S>::backward() {
-  PassStats ps;
   const double t_pass = comm::wtime();
   if (!backward_ready_) throw std::logic_error("UspAttention::backward before load_dout");
   const core::Shape& sh = s_.shape;
@@ -325,16 +331,7 @@ PassStats UspAttention<S>::backward() {
   }
   out.compute_s += comm::wtime() - t0;
 
-  ps.steps.push_back(in);
-  ps.steps.insert(ps.steps.end(), ring.steps.begin(), ring.steps.end());
-  ps.steps.push_back(out);
-  ps.work = ring.work;
-  ps.compute_s = ring.compute_s;
-  ps.a2a_wait_s = in.wait_s + out.wait_s;
-  ps.wait_s = ring.wait_s + ps.a2a_wait_s;
-  fold_ledger();
-  ps.total_s = comm::wtime() - t_pass;
-  return ps;
+  return finish_pass(in, ring, out, t_pass);
 }
 
 template <class S>

@@ -52,6 +52,7 @@ class UspAttention final : public Strategy<S> {
   double exchange(Pass pass, const std::vector<T>& send, const std::vector<Index>& send_counts, std::vector<T>& recv,
                   const std::vector<Index>& recv_counts, const char* what, StepRecord& rec);
   void fold_ledger();
+  PassStats finish_pass(const StepRecord& in, const PassStats& ring, const StepRecord& out, double t_pass);
 
   StrategySetup s_;
   int r_, U_, u_;
