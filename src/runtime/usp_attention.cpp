@@ -83,20 +83,22 @@ template <class S>
 void UspAttention<S>::load(const S* q, const S* k, const S* v) {
   const core::Shape& sh = s_.shape;
   const Index B = sh.B, D = sh.D, qr = q_row(), kr = kv_row(), blk = B * L_ * (qr + 2 * kr);
-  for (int m = 0; m < U_; ++m) {
-    S* qd = qkv_send_.data() + m * blk;
-    S* kd = qd + B * L_ * qr;
-    S* vd = kd + B * L_ * kr;
-    for (Index b = 0; b < B; ++b)
-      for (Index i = 0; i < L_; ++i) {
-        const Index row = b * L_ + i;
-        std::memcpy(qd + row * qr, q + (row * sh.H + hs_.q_head(m, 0)) * D, sizeof(S) * qr);
-        for (Index j = 0; j < hs_.HKVu; ++j) {
-          const Index src = (row * sh.HKV + hs_.kv_head(m, j)) * D;
-          std::memcpy(kd + row * kr + j * D, k + src, sizeof(S) * D);
-          std::memcpy(vd + row * kr + j * D, v + src, sizeof(S) * D);
+  if (!s_.timing_only) {
+    for (int m = 0; m < U_; ++m) {
+      S* qd = qkv_send_.data() + m * blk;
+      S* kd = qd + B * L_ * qr;
+      S* vd = kd + B * L_ * kr;
+      for (Index b = 0; b < B; ++b)
+        for (Index i = 0; i < L_; ++i) {
+          const Index row = b * L_ + i;
+          std::memcpy(qd + row * qr, q + (row * sh.H + hs_.q_head(m, 0)) * D, sizeof(S) * qr);
+          for (Index j = 0; j < hs_.HKVu; ++j) {
+            const Index src = (row * sh.HKV + hs_.kv_head(m, j)) * D;
+            std::memcpy(kd + row * kr + j * D, k + src, sizeof(S) * D);
+            std::memcpy(vd + row * kr + j * D, v + src, sizeof(S) * D);
+          }
         }
-      }
+    }
   }
   a2a_ = core::Ledger{};
   a2a_bytes_[0][0] = a2a_bytes_[0][1] = a2a_bytes_[1][0] = a2a_bytes_[1][1] = 0;
@@ -118,16 +120,18 @@ void UspAttention<S>::load_dout(const S* dout) {
     dk_.resize(B * L_ * sh.HKV * D);
     dv_.resize(B * L_ * sh.HKV * D);
   }
-  for (int m = 0; m < U_; ++m)
-    for (Index row = 0; row < B * L_; ++row)
-      std::memcpy(dout_send_.data() + m * blk + row * qr, dout + (row * sh.H + hs_.q_head(m, 0)) * D,
-                  sizeof(S) * qr);
+  if (!s_.timing_only) {
+    for (int m = 0; m < U_; ++m)
+      for (Index row = 0; row < B * L_; ++row)
+        std::memcpy(dout_send_.data() + m * blk + row * qr, dout + (row * sh.H + hs_.q_head(m, 0)) * D,
+                    sizeof(S) * qr);
+  }
 }
 
 template <class S>
 template <class T>
-double UspAttention<S>::exchange(Pass pass, const std::vector<T>& send, const std::vector<Index>& send_counts,
-                                 std::vector<T>& recv, const std::vector<Index>& recv_counts, const char* what,
+double UspAttention<S>::exchange(Pass pass, const core::AlignedVector<T>& send, const std::vector<Index>& send_counts,
+                                 core::AlignedVector<T>& recv, const std::vector<Index>& recv_counts, const char* what,
                                  StepRecord& rec) {
   std::vector<std::int64_t> sb(U_), sd(U_), rb(U_), rd(U_);
   std::int64_t so = 0, ro = 0;
@@ -205,54 +209,60 @@ PassStats UspAttention<S>::forward() {
            in);
   double t0 = comm::wtime();
   Index at = 0;
-  for (int v = 0; v < U_; at += B * Lw_[v] * qkv, ++v) {
-    const Index Lv = Lw_[v];
-    const S* qs = qkv_recv_.data() + at;
-    const S* ks = qs + B * Lv * qr;
-    const S* vs = ks + B * Lv * kr;
-    for (Index b = 0; b < B; ++b)
-      for (Index i = 0; i < Lv; ++i) {
-        const Index to = b * Lg_ + gidx_[v][i], from = b * Lv + i;
-        std::memcpy(q_g_.data() + to * qr, qs + from * qr, sizeof(S) * qr);
-        std::memcpy(k_g_.data() + to * kr, ks + from * kr, sizeof(S) * kr);
-        std::memcpy(v_g_.data() + to * kr, vs + from * kr, sizeof(S) * kr);
-      }
+  if (!s_.timing_only) {
+    for (int v = 0; v < U_; at += B * Lw_[v] * qkv, ++v) {
+      const Index Lv = Lw_[v];
+      const S* qs = qkv_recv_.data() + at;
+      const S* ks = qs + B * Lv * qr;
+      const S* vs = ks + B * Lv * kr;
+      for (Index b = 0; b < B; ++b)
+        for (Index i = 0; i < Lv; ++i) {
+          const Index to = b * Lg_ + gidx_[v][i], from = b * Lv + i;
+          std::memcpy(q_g_.data() + to * qr, qs + from * qr, sizeof(S) * qr);
+          std::memcpy(k_g_.data() + to * kr, ks + from * kr, sizeof(S) * kr);
+          std::memcpy(v_g_.data() + to * kr, vs + from * kr, sizeof(S) * kr);
+        }
+    }
   }
   inner_->load(q_g_.data(), k_g_.data(), v_g_.data());
   in.compute_s = comm::wtime() - t0;  // rearranging, not attention: kept out of the pass's compute
 
   // pass 2: the ring over the groups on this head slice
   const PassStats ring = inner_->forward();
-  inner_->outputs(o_g_.data(), lse_g_.data(), nullptr, nullptr, nullptr);
+  if (!s_.timing_only) inner_->outputs(o_g_.data(), lse_g_.data(), nullptr, nullptr, nullptr);
 
   // pass 3: O and LSE back to the owners of the positions
   StepRecord out{Pass::forward, 1, -1, 0, 0, 0, Phase::a2a};
   t0 = comm::wtime();
   const Index ret = qr + Hu;  // per position: O [Hu, D] and LSE [Hu]
   at = 0;
-  for (int v = 0; v < U_; at += B * Lw_[v] * ret, ++v) {
-    const Index Lv = Lw_[v];
-    A* od = out_send_.data() + at;
-    A* ld = od + B * Lv * qr;
-    for (Index b = 0; b < B; ++b)
-      for (Index i = 0; i < Lv; ++i) {
-        const Index gi = gidx_[v][i];
-        std::memcpy(od + (b * Lv + i) * qr, o_g_.data() + (b * Lg_ + gi) * qr, sizeof(A) * qr);
-        for (Index h = 0; h < Hu; ++h) ld[(b * Hu + h) * Lv + i] = lse_g_[(b * Hu + h) * Lg_ + gi];
-      }
+  if (!s_.timing_only) {
+    for (int v = 0; v < U_; at += B * Lw_[v] * ret, ++v) {
+      const Index Lv = Lw_[v];
+      A* od = out_send_.data() + at;
+      A* ld = od + B * Lv * qr;
+      for (Index b = 0; b < B; ++b)
+        for (Index i = 0; i < Lv; ++i) {
+          const Index gi = gidx_[v][i];
+          std::memcpy(od + (b * Lv + i) * qr, o_g_.data() + (b * Lg_ + gi) * qr, sizeof(A) * qr);
+          for (Index h = 0; h < Hu; ++h) ld[(b * Hu + h) * Lv + i] = lse_g_[(b * Hu + h) * Lg_ + gi];
+        }
+    }
   }
   out.compute_s = comm::wtime() - t0;
   exchange(Pass::forward, out_send_, scaled(Lw_, B * ret), out_recv_, scaled(own, B * ret), "the O/LSE all-to-all",
            out);
   t0 = comm::wtime();
-  for (int v = 0; v < U_; ++v) {
-    const A* os = out_recv_.data() + v * B * L_ * ret;
-    const A* ls = os + B * L_ * qr;
-    for (Index b = 0; b < B; ++b)
-      for (Index i = 0; i < L_; ++i) {
-        std::memcpy(o_.data() + ((b * L_ + i) * sh.H + hs_.q_head(v, 0)) * D, os + (b * L_ + i) * qr, sizeof(A) * qr);
-        for (Index h = 0; h < Hu; ++h) lse_[(b * sh.H + hs_.q_head(v, h)) * L_ + i] = ls[(b * Hu + h) * L_ + i];
-      }
+  if (!s_.timing_only) {
+    for (int v = 0; v < U_; ++v) {
+      const A* os = out_recv_.data() + v * B * L_ * ret;
+      const A* ls = os + B * L_ * qr;
+      for (Index b = 0; b < B; ++b)
+        for (Index i = 0; i < L_; ++i) {
+          std::memcpy(o_.data() + ((b * L_ + i) * sh.H + hs_.q_head(v, 0)) * D, os + (b * L_ + i) * qr, sizeof(A) * qr);
+          for (Index h = 0; h < Hu; ++h) lse_[(b * sh.H + hs_.q_head(v, h)) * L_ + i] = ls[(b * Hu + h) * L_ + i];
+        }
+    }
   }
   out.compute_s += comm::wtime() - t0;
 
@@ -274,60 +284,68 @@ PassStats UspAttention<S>::backward() {
   exchange(Pass::backward, dout_send_, scaled(own, B * qr), dout_recv_, scaled(Lw_, B * qr), "the dO all-to-all", in);
   double t0 = comm::wtime();
   Index at = 0;
-  for (int v = 0; v < U_; at += B * Lw_[v] * qr, ++v)
-    for (Index b = 0; b < B; ++b)
-      for (Index i = 0; i < Lw_[v]; ++i)
-        std::memcpy(dout_g_.data() + (b * Lg_ + gidx_[v][i]) * qr, dout_recv_.data() + at + (b * Lw_[v] + i) * qr,
-                    sizeof(S) * qr);
+  if (!s_.timing_only) {
+    for (int v = 0; v < U_; at += B * Lw_[v] * qr, ++v)
+      for (Index b = 0; b < B; ++b)
+        for (Index i = 0; i < Lw_[v]; ++i)
+          std::memcpy(dout_g_.data() + (b * Lg_ + gidx_[v][i]) * qr, dout_recv_.data() + at + (b * Lw_[v] + i) * qr,
+                      sizeof(S) * qr);
+  }
   inner_->load_dout(dout_g_.data());
   in.compute_s = comm::wtime() - t0;
 
   const PassStats ring = inner_->backward();
-  inner_->outputs(nullptr, nullptr, dq_g_.data(), dk_g_.data(), dv_g_.data());
+  if (!s_.timing_only) inner_->outputs(nullptr, nullptr, dq_g_.data(), dk_g_.data(), dv_g_.data());
 
   // in the forward pass q, k, v came from the owners: dQ, dK, dV go back to them
   StepRecord out{Pass::backward, 1, -1, 0, 0, 0, Phase::a2a};
   t0 = comm::wtime();
   at = 0;
-  for (int v = 0; v < U_; at += B * Lw_[v] * qkv, ++v) {
-    const Index Lv = Lw_[v];
-    A* qd = out_send_.data() + at;
-    A* kd = qd + B * Lv * qr;
-    A* vd = kd + B * Lv * kr;
-    for (Index b = 0; b < B; ++b)
-      for (Index i = 0; i < Lv; ++i) {
-        const Index from = b * Lg_ + gidx_[v][i], to = b * Lv + i;
-        std::memcpy(qd + to * qr, dq_g_.data() + from * qr, sizeof(A) * qr);
-        std::memcpy(kd + to * kr, dk_g_.data() + from * kr, sizeof(A) * kr);
-        std::memcpy(vd + to * kr, dv_g_.data() + from * kr, sizeof(A) * kr);
-      }
+  if (!s_.timing_only) {
+    for (int v = 0; v < U_; at += B * Lw_[v] * qkv, ++v) {
+      const Index Lv = Lw_[v];
+      A* qd = out_send_.data() + at;
+      A* kd = qd + B * Lv * qr;
+      A* vd = kd + B * Lv * kr;
+      for (Index b = 0; b < B; ++b)
+        for (Index i = 0; i < Lv; ++i) {
+          const Index from = b * Lg_ + gidx_[v][i], to = b * Lv + i;
+          std::memcpy(qd + to * qr, dq_g_.data() + from * qr, sizeof(A) * qr);
+          std::memcpy(kd + to * kr, dk_g_.data() + from * kr, sizeof(A) * kr);
+          std::memcpy(vd + to * kr, dv_g_.data() + from * kr, sizeof(A) * kr);
+        }
+    }
   }
   out.compute_s = comm::wtime() - t0;
   exchange(Pass::backward, out_send_, scaled(Lw_, B * qkv), out_recv_, scaled(own, B * qkv),
            "the dQ/dK/dV all-to-all", out);
   t0 = comm::wtime();
-  std::fill(dk_.begin(), dk_.end(), A(0));
-  std::fill(dv_.begin(), dv_.end(), A(0));
+  if (!s_.timing_only) {
+    std::fill(dk_.begin(), dk_.end(), A(0));
+    std::fill(dv_.begin(), dv_.end(), A(0));
+  }
   // A replicated kv head gets one contribution per copy: summed in member, then copy order.
-  for (int v = 0; v < U_; ++v) {
-    const A* qs = out_recv_.data() + v * B * L_ * qkv;
-    const A* ks = qs + B * L_ * qr;
-    const A* vs = ks + B * L_ * kr;
-    for (Index b = 0; b < B; ++b)
-      for (Index i = 0; i < L_; ++i) {
-        const Index row = b * L_ + i;
-        std::memcpy(dq_.data() + (row * sh.H + hs_.q_head(v, 0)) * D, qs + row * qr, sizeof(A) * qr);
-        for (Index j = 0; j < hs_.HKVu; ++j) {
-          A* dk = dk_.data() + (row * sh.HKV + hs_.kv_head(v, j)) * D;
-          A* dv = dv_.data() + (row * sh.HKV + hs_.kv_head(v, j)) * D;
-          const A* k = ks + row * kr + j * D;
-          const A* w = vs + row * kr + j * D;
-          for (Index d = 0; d < D; ++d) {
-            dk[d] += k[d];
-            dv[d] += w[d];
+  if (!s_.timing_only) {
+    for (int v = 0; v < U_; ++v) {
+      const A* qs = out_recv_.data() + v * B * L_ * qkv;
+      const A* ks = qs + B * L_ * qr;
+      const A* vs = ks + B * L_ * kr;
+      for (Index b = 0; b < B; ++b)
+        for (Index i = 0; i < L_; ++i) {
+          const Index row = b * L_ + i;
+          std::memcpy(dq_.data() + (row * sh.H + hs_.q_head(v, 0)) * D, qs + row * qr, sizeof(A) * qr);
+          for (Index j = 0; j < hs_.HKVu; ++j) {
+            A* dk = dk_.data() + (row * sh.HKV + hs_.kv_head(v, j)) * D;
+            A* dv = dv_.data() + (row * sh.HKV + hs_.kv_head(v, j)) * D;
+            const A* k = ks + row * kr + j * D;
+            const A* w = vs + row * kr + j * D;
+            for (Index d = 0; d < D; ++d) {
+              dk[d] += k[d];
+              dv[d] += w[d];
+            }
           }
         }
-      }
+    }
   }
   out.compute_s += comm::wtime() - t0;
 
@@ -336,7 +354,7 @@ PassStats UspAttention<S>::backward() {
 
 template <class S>
 void UspAttention<S>::outputs(A* o, A* lse, A* dq, A* dk, A* dv) const {
-  auto copy = [](const std::vector<A>& from, A* to) {
+  auto copy = [](const core::AlignedVector<A>& from, A* to) {
     if (to) std::copy(from.begin(), from.end(), to);
   };
   copy(o_, o);

@@ -16,6 +16,9 @@
 // positions, which sum the dK/dV of replicated kv heads in a fixed order (member, then copy), so
 // results are bitwise reproducible for a given N, U and layout.
 //
+// Timing-only (simulation): no values are rearranged; the all-to-alls move their full sizes and the
+// ring charges its counted flops, so the simulated time is that of the transfers and the kernels.
+//
 // Types: q, k, v and dO travel in the storage type S; O, LSE, dQ, dK and dV return in
 // A = accum_t<S>, as the ring returns its gradients.
 #include <memory>
@@ -49,8 +52,9 @@ class UspAttention final : public Strategy<S> {
   Index kv_row() const { return hs_.HKVu * s_.shape.D; }
   // One all-to-all inside the group; counts and displacements in elements of T. Returns its wait.
   template <class T>
-  double exchange(Pass pass, const std::vector<T>& send, const std::vector<Index>& send_counts, std::vector<T>& recv,
-                  const std::vector<Index>& recv_counts, const char* what, StepRecord& rec);
+  double exchange(Pass pass, const core::AlignedVector<T>& send, const std::vector<Index>& send_counts,
+                  core::AlignedVector<T>& recv, const std::vector<Index>& recv_counts, const char* what,
+                  StepRecord& rec);
   void fold_ledger();
   PassStats finish_pass(const StepRecord& in, const PassStats& ring, const StepRecord& out, double t_pass);
 
@@ -65,12 +69,13 @@ class UspAttention final : public Strategy<S> {
   std::vector<Index> Lw_;                 // [U] shard sizes of the members
   StrategySetup inner_setup_;
   std::unique_ptr<RingAttention<S>> inner_;
-  // Send and receive buffers (member-major), and the group's tensors of this member's heads.
-  std::vector<S> qkv_send_, qkv_recv_, dout_send_, dout_recv_;
-  std::vector<S> q_g_, k_g_, v_g_, dout_g_;      // [B, Lg, Hu | HKVu, D]
-  std::vector<A> o_g_, lse_g_, dq_g_, dk_g_, dv_g_;  // the ring's outputs: [B, Lg, .., D], lse [B, Hu, Lg]
-  std::vector<A> out_send_, out_recv_;               // their way back to the owners
-  std::vector<A> o_, lse_, dq_, dk_, dv_;        // this rank's outputs, file order
+  // Send and receive buffers (member-major), and the group's tensors of this member's heads. Of the
+  // kernels' storage kind, so a timing-only simulation folds them like the ring's.
+  core::AlignedVector<S> qkv_send_, qkv_recv_, dout_send_, dout_recv_;
+  core::AlignedVector<S> q_g_, k_g_, v_g_, dout_g_;      // [B, Lg, Hu | HKVu, D]
+  core::AlignedVector<A> o_g_, lse_g_, dq_g_, dk_g_, dv_g_;  // the ring's outputs: [B, Lg, .., D], lse [B, Hu, Lg]
+  core::AlignedVector<A> out_send_, out_recv_;               // their way back to the owners
+  core::AlignedVector<A> o_, lse_, dq_, dk_, dv_;        // this rank's outputs, file order
   core::Ledger ledger_;
   bool backward_ready_ = false;
   core::Ledger a2a_;             // the all-to-alls' fields
