@@ -4,7 +4,8 @@
     scripts/plot.py FILE.csv [--outdir DIR] [--beta B | --probe FILE.probe.json] [--cores N]
 
 A CSV of scripts/simulate.sh --sweep (it has plan_comm_ratio) gives one chart instead,
-STEM_simulated.png: simulated exposed wait against N, per S, beside plan's prediction.
+STEM_simulated.png: simulated exposed wait against N, one panel per S and a line per strategy, beside plan's
+  prediction.
 
 Writes four PNGs next to the CSV (or in --outdir), named after it:
   STEM_time.png       forward + backward time against S, one line per N and layout (log-log);
@@ -257,40 +258,44 @@ def plot_imbalance(rows, out, cores):
 
 
 def plot_simulated(path, out):
-    """A scripts/simulate.sh --sweep CSV: simulated exposed wait against plan's prediction, per S."""
+    """A scripts/simulate.sh --sweep CSV: simulated exposed wait against plan's prediction, one panel per S."""
     rows = [r for r in csv.DictReader(open(path, newline="")) if r.get("status") == "ok"]
     if not rows:
         return False
-    fig, ax = plt.subplots(figsize=(8, 5))
-    groups = defaultdict(list)
+    panels = defaultdict(lambda: defaultdict(list))  # S -> strategy (usp:U) -> rows
     for r in rows:
-        groups[(r["strategy"], int(r["S"]))].append(r)
+        name = r["strategy"]
+        if name == "usp" and r.get("ulysses_degree"):
+            name = f"usp:{r['ulysses_degree']}"
+        panels[int(r["S"])][name].append(r)
     floor = 1e-4
-    for i, ((strategy, S), g) in enumerate(sorted(groups.items())):
-        g.sort(key=lambda r: int(r["N"]))
-        c = COLORS[i % len(COLORS)]
-        ns = [int(r["N"]) for r in g]
-        label = f"{strategy} S={S // 1024}K" if S % 1024 == 0 else f"{strategy} S={S}"
-        ax.plot(ns, [max(floor, num(r["exposed_wait"]) or 0) for r in g], "o-", color=c,
-                label=f"{label}: simulated exposed wait")
-        ax.plot(ns, [max(floor, num(r["plan_exposed"]) or 0) for r in g], "--", color=c,
-                label=f"{label}: plan, max(0, 1 − I_step/β)")
-        ax.plot(ns, [num(r["plan_comm_ratio"]) for r in g], ":", color=c, lw=1, label=f"{label}: plan β/I_step")
-        bound = num(g[0]["plan_max_ranks_bound"])
-        if bound:
-            ax.axvline(bound, color=c, lw=0.8, alpha=0.5)
-    ax.axhline(0.05, color="grey", lw=0.8)
-    ax.text(ns[0], 0.055, "5%", color="grey")
-    ax.set_xscale("log", base=2)
-    ax.set_yscale("log")
-    ax.set_xlabel("simulated ranks N (vertical lines: plan's bound on N for I_step ≥ β)")
-    ax.set_ylabel("exposed wait / time (slowest rank), plan ratio")
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 4.8), squeeze=False, sharey=True)
+    for ax, (S, groups) in zip(axes[0], sorted(panels.items())):
+        for i, (strategy, g) in enumerate(sorted(groups.items())):
+            g.sort(key=lambda r: int(r["N"]))
+            c = COLORS[i % len(COLORS)]
+            ns = [int(r["N"]) for r in g]
+            ax.plot(ns, [max(floor, num(r["exposed_wait"]) or 0) for r in g], "o-", color=c,
+                    label=f"{strategy}: simulated exposed wait")
+            ax.plot(ns, [max(floor, num(r["plan_exposed"]) or 0) for r in g], "--", color=c,
+                    label=f"{strategy}: plan, 1 − compute/predicted")
+            if strategy == "ring":
+                ax.plot(ns, [num(r["plan_comm_ratio"]) for r in g], ":", color=c, lw=1, label="ring: plan β/I_step")
+                bound = num(g[0]["plan_max_ranks_bound"])
+                if bound:
+                    ax.axvline(bound, color=c, lw=0.8, alpha=0.5)
+        ax.axhline(0.05, color="grey", lw=0.8)
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_title(f"S = {S // 1024}K" if S % 1024 == 0 else f"S = {S}", fontsize=10)
+        ax.set_xlabel("simulated ranks N (vertical line: plan's bound for the ring)")
+        ax.legend(fontsize=6)
+    axes[0][0].set_ylabel("exposed wait / time (slowest rank); grey: 5%")
     r = rows[0]
-    ax.set_title(f"{r['platform']}: H={r['H']} HKV={r['HKV']} D={r['D']} {r['dtype']}"
+    fig.suptitle(f"{r['platform']}: H={r['H']} HKV={r['HKV']} D={r['D']} {r['dtype']}"
                  f"{', causal' if r['causal'] == '1' else ''}; values below {floor:g} drawn at {floor:g}", fontsize=9)
-    ax.legend(fontsize=6, ncol=2)
     fig.tight_layout()
-    fig.savefig(out, dpi=120)
+    fig.savefig(out, dpi=110)
     plt.close(fig)
     return True
 

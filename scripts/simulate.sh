@@ -6,10 +6,12 @@
 #       one job: `ringattn run` on N simulated ranks; --report, --trace, --check work as usual;
 #       --timing-only charges the kernels' counted flops instead of computing (no outputs, no check)
 #   scripts/simulate.sh --sweep --platform FILE [--ranks "8 16 32 64 128 256 512 1024"]
-#       [--seqs "32768 131072 524288"] [--strategies ring] [--heads 32] [--kv-heads 8]
-#       [--head-dim 128] [--dtype f32] [--causal | --no-causal] [--real-max-flops F]
-#       [--run-args "..."] [--out build-smpi/simulate/sweep.csv]
-#       one simulated job per point, one CSV row each (then: scripts/plot.py --simulated FILE.csv)
+#       [--seqs "32768 131072 524288"] [--strategies "ring ulysses usp:8"] [--heads 32]
+#       [--kv-heads 8] [--head-dim 128] [--dtype bf16] [--causal | --no-causal]
+#       [--real-max-flops F] [--run-args "..."] [--out build-smpi/simulate/sweep.csv]
+#       one simulated job per point and strategy, one CSV row each (then: scripts/plot.py FILE.csv);
+#       strategies: ring, ulysses, usp:U (usp with --ulysses-degree U); a strategy whose rules
+#       forbid the point (U must divide N and H) is skipped and said so
 #   scripts/simulate.sh --calibrate
 #       measure this host's kernel rate (`ringattn probe`), then compare a real N=2 job under
 #       mpirun with the same job simulated on a two-rank twin of this machine
@@ -27,18 +29,23 @@
 # The watchdog (--timeout) is off under simulation: times are simulated seconds, and SimGrid
 # itself reports a deadlock (every rank blocked) and ends the run.
 #
-# Sweep CSV columns: those of scripts/sweep.sh (N S B H HKV D dtype causal layout forward_s
-# backward_s compute_s wait_s wait_ratio fwd_wait_ratio bytes gflops tile_pairs imbalance
-# step_intensity max_error status), times in simulated seconds, then
-#   strategy platform mode (real | timing-only) wall_s (wall time of the simulation)
+# Sweep CSV columns: those of scripts/sweep.sh (N S B H HKV D dtype causal layout strategy
+# ulysses_degree forward_s backward_s compute_s wait_s a2a_wait_s wait_ratio fwd_wait_ratio bytes
+# gflops tile_pairs imbalance step_intensity max_error status), times in simulated seconds, then
+#   platform mode (real | timing-only) wall_s (wall time of the simulation)
 #   exposed_wait  slowest rank's wait / its forward + backward time
 #   plan_flops plan_bandwidth   the platform's speed and ring-neighbour bandwidth given to `plan`
-#   plan_comm_ratio             plan's per-step receive / compute (beta / I_step)
-#   plan_exposed                max(0, 1 - 1 / plan_comm_ratio): the share of a step's time that
-#                               perfect overlap still waits (comparable with exposed_wait)
-#   plan_max_ranks_bound        plan's bound on N for I_step >= beta
-#   plan_verdict                plan's verdict for the point
-#   recommended                 the strategy probe would recommend (only ring exists: ring)
+#   plan_comm_ratio             plan's per-step receive / compute of the strategy's ring (beta /
+#                               I_step; for ulysses its all-to-all time / compute)
+#   plan_exposed                1 - compute / plan's predicted time: what perfect overlap still
+#                               waits, the ring step's max(0, comm - compute) and the whole
+#                               all-to-all (comparable with exposed_wait)
+#   plan_predicted_s            plan's predicted forward time of the strategy
+#   plan_max_ranks_bound        plan's bound on N for I_step >= beta (the ring between the groups)
+#   plan_verdict                plan's verdict for the strategy at the point
+#   plan_recommended            the strategy plan predicts fastest (of all it can run at the point)
+#   recommended                 the strategy probe --strategies would recommend: the least
+#                               simulated forward + backward of the strategies swept at the point
 # Points run with real compute while the busiest rank's forward + backward is at most
 # --real-max-flops (default 2e9: seconds of real compute per rank here); above, timing-only.
 set -euo pipefail
@@ -54,8 +61,8 @@ PLATFORM=""
 RANKS=""
 HOST_SPEED="${RINGATTN_HOST_SPEED:-}"
 SEQS="32768 131072 524288"
-STRATEGIES="ring"
-HEADS=32 KV_HEADS=8 HEAD_DIM=128 DTYPE=f32 CAUSAL=1
+STRATEGIES="ring ulysses usp:8"
+HEADS=32 KV_HEADS=8 HEAD_DIM=128 DTYPE=bf16 CAUSAL=1
 REAL_MAX_FLOPS=2e9
 SWEEP_RUN_ARGS=""
 OUT=""
@@ -250,9 +257,14 @@ sweep)
     [[ "$v" =~ ^[0-9]+$ ]] && [ "$v" -ge 1 ] || die "'$v' is not an integer >= 1"
   done
   [ "$((HEADS % KV_HEADS))" -eq 0 ] || die "--kv-heads: H=$HEADS is not a multiple of HKV=$KV_HEADS"
-  case "$DTYPE" in f32|f64) ;; *) die "--dtype: '$DTYPE' (expected f32 or f64)" ;; esac
+  case "$DTYPE" in f32) p=4 ;; f64) p=8 ;; bf16|f16) p=2 ;; *) die "--dtype: '$DTYPE' (expected bf16, f16, f32 or f64)" ;; esac
   for s in $STRATEGIES; do
-    case "$s" in ring|ulysses|usp) ;; *) die "--strategies: unknown strategy '$s' (expected ring, ulysses, usp)" ;; esac
+    case "$s" in
+      ring|ulysses) ;;
+      usp:*) [[ "${s#usp:}" =~ ^[0-9]+$ ]] && [ "${s#usp:}" -ge 2 ] ||
+               die "--strategies: '$s' has no Ulysses degree (expected usp:U with an integer U >= 2)" ;;
+      *) die "--strategies: unknown strategy '$s' (expected ring, ulysses or usp:U)" ;;
+    esac
   done
   build_smpi
   host_speed >/dev/null
@@ -262,23 +274,29 @@ sweep)
   mkdir -p "$(dirname "$OUT")"
   tmp="$(mktemp -d)"
   trap 'rm -rf "$tmp"' EXIT
-  COLS="N S B H HKV D dtype causal layout forward_s backward_s compute_s wait_s wait_ratio fwd_wait_ratio bytes \
-gflops tile_pairs imbalance step_intensity max_error status strategy platform mode wall_s exposed_wait plan_flops \
-plan_bandwidth plan_comm_ratio plan_exposed plan_max_ranks_bound plan_verdict recommended"
-  # Rows are written as the points finish (N ascending, every S at each N), so a sweep stopped
-  # early keeps the points it ran.
+  COLS="N S B H HKV D dtype causal layout strategy ulysses_degree forward_s backward_s compute_s wait_s a2a_wait_s \
+wait_ratio fwd_wait_ratio bytes gflops tile_pairs imbalance step_intensity max_error status platform mode wall_s \
+exposed_wait plan_flops plan_bandwidth plan_comm_ratio plan_exposed plan_predicted_s plan_max_ranks_bound \
+plan_verdict plan_recommended recommended"
+  # Rows are written as the points finish (N ascending, every S at each N, the strategies of a
+  # point together), so a sweep stopped early keeps the points it ran.
   echo "${COLS// /,}" >"$OUT"
-  p=$([ "$DTYPE" = f32 ] && echo 4 || echo 8)
   t_start=$SECONDS
-  for strategy in $STRATEGIES; do
-    for N in $RANKS; do
-      for S in $SEQS; do
+  for N in $RANKS; do
+    for S in $SEQS; do
+      : >"$tmp/point.csv"
+      for st in $STRATEGIES; do
+        case "$st" in ring) strategy=ring U=1 ;; ulysses) strategy=ulysses U=$N ;; usp:*) strategy=usp U="${st#usp:}" ;; esac
+        if [ $((N % U)) -ne 0 ] || [ $((HEADS % U)) -ne 0 ] || { [ "$strategy" = usp ] && [ "$U" -ge "$N" ]; }; then
+          echo "simulate: $st S=$S N=$N: skipped (U=$U must divide N=$N and H=$HEADS, usp needs U < N)" >&2
+          continue
+        fi
         # The busiest rank's forward + backward flops (3.5 x 4 B (S/N) S H D, halved when causal).
         flops="$(/usr/bin/python3 -c "print(3.5*4*($S/$N)*$S*$HEADS*$HEAD_DIM*(0.5 if $CAUSAL else 1))")"
         args=(--seq "$S" --heads "$HEADS" --kv-heads "$KV_HEADS" --head-dim "$HEAD_DIM" --dtype "$DTYPE"
               --report "$tmp/report.json")
-        # ring is the default; --strategy is passed only for the others (a build without them refuses it)
         [ "$strategy" != ring ] && args+=(--strategy "$strategy")
+        [ "$strategy" = usp ] && args+=(--ulysses-degree "$U")
         [ "$CAUSAL" = 1 ] && args+=(--causal)
         mode=real
         if /usr/bin/python3 -c "import sys; sys.exit(0 if $flops > $REAL_MAX_FLOPS else 1)"; then
@@ -294,12 +312,12 @@ plan_bandwidth plan_comm_ratio plan_exposed plan_max_ranks_bound plan_verdict re
         simulate "$PLATFORM" "$N" "${args[@]}" >"$tmp/out.txt" 2>"$tmp/err.txt" || rc=$?
         wall=$((SECONDS - t0))
         case $rc in 0) status=ok ;; 1) status=check-failed ;; *) status="exit-$rc" ;; esac
-        [ $rc -ne 0 ] && echo "simulate: N=$N S=$S $strategy: $status: $(grep -m1 -i error "$tmp/err.txt" || tail -1 "$tmp/err.txt")" >&2
-        /usr/bin/python3 - "$N" "$S" "$HEADS" "$KV_HEADS" "$HEAD_DIM" "$DTYPE" "$CAUSAL" "$status" "$strategy" \
+        [ $rc -ne 0 ] && echo "simulate: N=$N S=$S $st: $status: $(grep -m1 -i error "$tmp/err.txt" || tail -1 "$tmp/err.txt")" >&2
+        /usr/bin/python3 - "$N" "$S" "$HEADS" "$KV_HEADS" "$HEAD_DIM" "$DTYPE" "$CAUSAL" "$status" "$strategy" "$U" \
             "$(basename "$PLATFORM" .xml)" "$mode" "$wall" "$PLAN_FLOPS" "$PLAN_BW" "$p" "$BIN" "$tmp/report.json" \
-            "$tmp/trace.jsonl" "$COLS" >>"$OUT" <<'EOF'
+            "$tmp/trace.jsonl" "$COLS" >>"$tmp/point.csv" <<'EOF'
 import json, os, subprocess, sys
-(N, S, H, HKV, D, dtype, causal, status, strategy, platform, mode, wall, pflops, pbw, p, binary, report, trace,
+(N, S, H, HKV, D, dtype, causal, status, strategy, U, platform, mode, wall, pflops, pbw, p, binary, report, trace,
  cols) = sys.argv[1:]
 causal = causal == "1"
 plan = subprocess.run([binary, "plan", "--seq", S, "--ranks", N, "--heads", H, "--kv-heads", HKV, "--head-dim", D,
@@ -307,15 +325,23 @@ plan = subprocess.run([binary, "plan", "--seq", S, "--ranks", N, "--heads", H, "
                       capture_output=True, text=True)
 pj = json.loads(plan.stdout) if plan.returncode == 0 else {}
 row = dict(N=N, S=S, B=1, H=H, HKV=HKV, D=D, dtype=dtype, causal=int(causal), status=status, strategy=strategy,
-           platform=platform, mode=mode, wall_s=wall, plan_flops=pflops, plan_bandwidth=pbw,
-           step_intensity=pj.get("step_intensity", ""), recommended="ring")
-if pj.get("step_compute_s"):
-    ratio = pj["step_comm_s"] / pj["step_compute_s"]  # beta / I_step
-    # perfect overlap waits only for what compute cannot cover: max(0, comm - compute) of each step,
-    # as a fraction of the step's time max(comm, compute)
-    row.update(plan_comm_ratio=ratio, plan_exposed=max(0.0, 1.0 - 1.0 / ratio) if ratio > 0 else 0.0,
-               plan_max_ranks_bound=pj["step_intensity"] * int(N) / pj["beta"],  # I_step(N) N / beta
-               plan_verdict=pj.get("verdict", ""))
+           ulysses_degree=U, platform=platform, mode=mode, wall_s=wall, plan_flops=pflops, plan_bandwidth=pbw)
+# plan's row for this strategy and U; the least predicted time of the strategies it can run
+est = [x for x in pj.get("strategies", []) if x.get("possible")]
+mine = [x for x in est if x["strategy"] == strategy and x["ulysses_degree"] == int(U)]
+if mine:
+    e = mine[0]
+    ratio = e["step_comm_ratio"] if strategy != "ulysses" else e["comm_ratio"]  # beta / I_step of the ring part
+    # perfect overlap waits for what compute cannot cover in each ring step (max(0, comm - compute)
+    # of a step's max(comm, compute)) and for the whole all-to-all: 1 - compute / predicted
+    row.update(step_intensity=e.get("step_intensity") or "", plan_comm_ratio=ratio,
+               plan_exposed=max(0.0, 1.0 - pj["compute_s"] / e["predicted_s"]), plan_predicted_s=e["predicted_s"],
+               plan_verdict=e.get("verdict", ""))
+    if strategy != "ulysses":  # the ring between R = N/U groups: I_step(R) R / beta
+        row["plan_max_ranks_bound"] = e["step_intensity"] * int(N) / pj["beta"]
+if est:
+    best = min(est, key=lambda x: x["predicted_s"])
+    row["plan_recommended"] = best["strategy"] + (f":{best['ulysses_degree']}" if best["strategy"] == "usp" else "")
 if os.path.exists(report):
     rep = json.load(open(report))
     ranks = rep["ranks"]
@@ -325,9 +351,8 @@ if os.path.exists(report):
     wait = [r["time"]["wait_s"] for r in ranks]
     flops = [r["work"]["flops"] for r in ranks]
     mean = sum(flops) / len(flops)
-    slow = max(ranks, key=lambda r: r["time"]["forward_s"] + r["time"]["backward_s"])
-    total = slow["time"]["forward_s"] + slow["time"]["backward_s"]
     row.update(forward_s=fwd, backward_s=bwd, compute_s=max(comp), wait_s=max(wait),
+               a2a_wait_s=max(r["time"].get("a2a_wait_s", 0) for r in ranks),
                wait_ratio=sum(wait) / sum(comp) if sum(comp) > 0 else "",
                exposed_wait=max(r["time"]["wait_s"] / (r["time"]["forward_s"] + r["time"]["backward_s"])
                                 for r in ranks if r["time"]["forward_s"] + r["time"]["backward_s"] > 0),
@@ -341,14 +366,28 @@ if os.path.exists(report):
 if os.path.exists(trace):
     steps = [json.loads(l) for l in open(trace) if l.strip()]
     f = [s for s in steps if s.get("pass") == "forward"]
-    c = sum(s["compute_s"] for s in f)
+    c = sum(s["compute_s"] for s in f if s.get("phase") != "all-to-all")
     row["fwd_wait_ratio"] = sum(s["wait_s"] for s in f) / c if c > 0 else ""
 fmt = lambda v: f"{v:.6g}" if isinstance(v, float) else str(v)
 print(",".join(fmt(row.get(k, "")) for k in cols.split()))
 EOF
-        printf 'simulate: %s S=%-7s N=%-5s %-11s %s (%ds wall, %ds total)\n' "$strategy" "$S" "$N" "$mode" "$status" \
+        printf 'simulate: %-7s S=%-7s N=%-5s %-11s %s (%ds wall, %ds total)\n' "$st" "$S" "$N" "$mode" "$status" \
           "$wall" $((SECONDS - t_start)) >&2
       done
+      # What probe --strategies would recommend: the least simulated forward + backward of the point.
+      /usr/bin/python3 - "$tmp/point.csv" "$COLS" >>"$OUT" <<'EOF'
+import csv, sys
+cols = sys.argv[2].split()
+rows = list(csv.DictReader(open(sys.argv[1], newline=""), fieldnames=cols))
+ok = [r for r in rows if r["status"] == "ok" and r["forward_s"]]
+if ok:
+    best = min(ok, key=lambda r: float(r["forward_s"]) + float(r["backward_s"]))
+    name = best["strategy"] + (":" + best["ulysses_degree"] if best["strategy"] == "usp" else "")
+    for r in rows:
+        r["recommended"] = name
+w = csv.DictWriter(sys.stdout, fieldnames=cols, lineterminator="\n")
+w.writerows(rows)
+EOF
     done
   done
   echo "simulate: $OUT" >&2

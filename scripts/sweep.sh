@@ -116,7 +116,7 @@ positive --oversub-max-seq "$OVERSUB_MAX_SEQ"
 for l in $LAYOUTS; do
   case "$l" in contiguous|striped|zigzag|auto) ;; *) die "--layouts: unknown layout '$l' (expected contiguous, striped, zigzag or auto)" ;; esac
 done
-case "$DTYPE" in f32|f64) ;; *) die "--dtype: unknown dtype '$DTYPE' (expected f32 or f64)" ;; esac
+case "$DTYPE" in f32|f64|bf16|f16) ;; *) die "--dtype: unknown dtype '$DTYPE' (expected bf16, f16, f32 or f64)" ;; esac
 [ -n "$STRATEGIES" ] || die "--strategies: no strategy (expected ring, ulysses or usp:U)"
 for st in $STRATEGIES; do
   case "$st" in
@@ -147,7 +147,7 @@ row() {  # row N S mask layout strategy U status report trace
 import json, os, subprocess, sys
 N, S, mask, layout, strategy, U, status, report, trace, binary, H, HKV, D, dtype, cols = sys.argv[1:]
 causal = mask == "causal"
-p = 4 if dtype == "f32" else 8
+p = {"f64": 8, "f32": 4}.get(dtype, 2)  # bytes per stored element (bf16, f16: 2)
 planned = subprocess.run(
     [binary, "plan", "--seq", S, "--ranks", N, "--heads", H, "--kv-heads", HKV, "--head-dim", D,
      "--bytes", str(p)] + (["--causal"] if causal else []) + ["--json"], capture_output=True, text=True)
@@ -219,8 +219,10 @@ t_start=$SECONDS
 if [ "$PROBE" = 1 ]; then
   probe_out="${OUT%.csv}.probe.json"
   echo "sweep: probe (N=2, S=4096) -> $probe_out" >&2
+  # probe times f32 or f64 kernels; a 16-bit sweep's compute is f32 arithmetic
+  probe_dtype=$([ "$DTYPE" = f64 ] && echo f64 || echo f32)
   if ! mpirun -np 2 "$BIN" probe --seq 4096 --heads "$HEADS" --kv-heads "$KV_HEADS" --head-dim "$HEAD_DIM" \
-      --dtype "$DTYPE" --json >"$TMP/probe.json" 2>"$TMP/probe.err"; then
+      --dtype "$probe_dtype" --json >"$TMP/probe.json" 2>"$TMP/probe.err"; then
     echo "sweep: probe failed: $(tail -1 "$TMP/probe.err")" >&2
   else
     mv "$TMP/probe.json" "$probe_out"
