@@ -5,6 +5,8 @@
 #include <cstddef>
 #include <cstdlib>
 #include <new>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 namespace ringattn::core {
@@ -49,6 +51,18 @@ struct CacheAlignedAllocator {
 #endif
     std::free(p);
   }
+#ifdef RINGATTN_SMPI
+  // Once buffers are folded their contents are garbage by contract: resize() leaves new elements
+  // unwritten instead of zeroing them, so a timing-only job never touches (page-faults) the
+  // gigabytes of virtual memory its ranks map; otherwise the usual value-initialization.
+  template <class U, class... Args>
+  void construct(U* p, Args&&... args) {
+    if constexpr (sizeof...(Args) == 0 && std::is_trivially_default_constructible_v<U>) {
+      if (g_large_buffer_source.allocate) return;
+    }
+    ::new (static_cast<void*>(p)) U(std::forward<Args>(args)...);
+  }
+#endif
   template <class U>
   bool operator==(const CacheAlignedAllocator<U>&) const {
     return true;
