@@ -3,7 +3,8 @@
 
     scripts/plot.py FILE.csv [--outdir DIR] [--beta B | --probe FILE.probe.json] [--cores N]
 
-A CSV of scripts/simulate.sh --sweep (it has plan_comm_ratio) gives one chart instead,
+A CSV of scripts/simulate.sh --sweep (it has plan_comm_ratio) gives one chart instead (or, with
+--table, the markdown table of the README's simulation section),
 STEM_simulated.png: simulated exposed wait against N, one panel per S and a line per strategy, beside plan's
   prediction.
 
@@ -300,6 +301,40 @@ def plot_simulated(path, out):
     return True
 
 
+def simulated_table(path):
+    """The README's table of a scripts/simulate.sh --sweep CSV (markdown): rows S, columns N; each
+    cell the ring's simulated exposed wait, plan's beta/I_step with its verdict, and the fastest
+    simulated strategy with its forward + backward time against the ring's."""
+    rows = [r for r in csv.DictReader(open(path, newline="")) if r.get("status") == "ok"]
+    if not rows:
+        return None
+    short = {"room": "room", "depends": "depends", "not": "not negl."}
+    cells, ns, ss = {}, set(), set()
+    for r in rows:
+        N, S = int(r["N"]), int(r["S"])
+        ns.add(N)
+        ss.add(S)
+        cells.setdefault((S, N), {})[r["strategy"] + (f":{r['ulysses_degree']}" if r["strategy"] == "usp" else "")] = r
+
+    def cell(point):
+        ring = point.get("ring")
+        if not ring:
+            return "–"
+        t = lambda r: float(r["forward_s"]) + float(r["backward_s"])
+        verdict = next((v for k, v in short.items() if k in ring["plan_verdict"]), ring["plan_verdict"])
+        best = min(point, key=lambda k: t(point[k]))
+        rec = "ring" if best == "ring" else f"{best} ({t(point[best]) / t(ring):.2f}×)"
+        return (f"{float(ring['exposed_wait']) * 100:.1f}% · {float(ring['plan_comm_ratio']) * 100:.0f}% {verdict}"
+                f" · {rec}")
+
+    cols = sorted(ns)
+    out = ["| S \\ N | " + " | ".join(str(n) for n in cols) + " |", "| --- |" + " ---: |" * len(cols)]
+    for S in sorted(ss):
+        name = f"{S // 1024}K" if S % 1024 == 0 else str(S)
+        out.append(f"| {name} | " + " | ".join(cell(cells.get((S, n), {})) for n in cols) + " |")
+    return "\n".join(out)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("csv")
@@ -307,8 +342,17 @@ def main():
     ap.add_argument("--beta", type=float, help="machine FLOP/byte for the model line (from ringattn probe)")
     ap.add_argument("--probe", help="ringattn probe --json output to read beta from")
     ap.add_argument("--cores", type=int, default=os.cpu_count() or 1, help="cores of the machine the sweep ran on")
+    ap.add_argument("--table", action="store_true",
+                    help="a simulate.sh --sweep CSV: print its markdown table (S x N) instead of drawing")
     a = ap.parse_args()
     if os.path.isfile(a.csv) and "plan_comm_ratio" in open(a.csv).readline().split(","):  # simulate.sh --sweep
+        if a.table:
+            table = simulated_table(a.csv)
+            if table is None:
+                print(f"plot.py: error: {a.csv}: no successful simulated runs", file=sys.stderr)
+                return 2
+            print(table)
+            return 0
         out = os.path.join(a.outdir or os.path.dirname(os.path.abspath(a.csv)),
                            os.path.splitext(os.path.basename(a.csv))[0] + "_simulated.png")
         if not plot_simulated(a.csv, out):
