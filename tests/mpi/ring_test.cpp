@@ -18,8 +18,8 @@ using namespace ringattn::core;
 
 namespace {
 
-using test_util::global_input;
-using test_util::local_slice;
+using test_util::Errors;
+using test_util::Problem;
 using test_util::world;
 constexpr std::uint64_t kSeed = 17;  // the inputs of every case
 
@@ -37,76 +37,35 @@ struct Case {
       : name(std::move(n)), s(sh), kind(k), partition(std::move(p)), causal(c), window(w), docs(std::move(d)), tiling(t) {}
 };
 
-struct Errors {
-  double o = 0, lse = 0, dq = 0, dk = 0, dv = 0;
-};
-
 template <class T>
 struct RingRun {
   Errors err;
   std::vector<T> dk, dv;  // local, for reproducibility checks
 };
 
-// Max relative error over all ranks of a local tensor against its global reference.
-template <class T>
-double rel_error(const std::vector<T>& mine, const std::vector<double>& ref, Index outer, Index inner,
-                 const Layout& l, int r) {
-  const std::vector<double> want = local_slice<double>(ref, outer, inner, l, r);
-  double diff = 0, scale = 0;
-  for (double x : ref)
-    if (std::isfinite(x)) scale = std::max(scale, std::abs(x));
-  for (std::size_t n = 0; n < want.size(); ++n) {
-    const double x = static_cast<double>(mine[n]);
-    if (std::isnan(x) || ((std::isinf(x) || std::isinf(want[n])) && x != want[n])) {
-      diff = std::numeric_limits<double>::infinity();
-      break;
-    }
-    if (std::isfinite(x)) diff = std::max(diff, std::abs(x - want[n]));
-  }
-  return world().max(diff) / (scale > 0 ? scale : 1.0);
-}
-
 template <class T>
 RingRun<T> run_ring(const Case& c, int drop_grad_step = -1, Traffic traffic = Traffic::aware) {
   const comm::Comm& comm = world();
   const int r = comm.rank();
   const Shape& s = c.s;
-  const Layout layout = Layout::make(c.kind, s.S, comm.size(), c.partition);
-  const Mask mask = Mask::make(s.S, c.causal, c.window, c.docs);
-  const double scale = 1.0 / std::sqrt(double(s.D));
-  const Index qi = s.H * s.D, ki = s.HKV * s.D;
-  const auto q = global_input<T>(kSeed, InputTensor::q, s.B, s.S, qi),
-             k = global_input<T>(kSeed, InputTensor::k, s.B, s.S, ki),
-             v = global_input<T>(kSeed, InputTensor::v, s.B, s.S, ki),
-             dout = global_input<T>(kSeed, InputTensor::dout, s.B, s.S, qi);
-  const DenseResult ref = reference_attention(s, mask, scale, q, k, v, dout);
-
-  runtime::StrategySetup setup;
-  setup.shape = s;
-  setup.layout = &layout;
-  setup.mask = &mask;
-  setup.scale = scale;
-  setup.tiling = c.tiling;
+  const Problem<T> pb(kSeed, s, c.kind, c.partition, c.causal, c.window, c.docs);
+  const Layout& layout = pb.layout;
+  const Mask& mask = pb.mask;
+  runtime::StrategySetup setup = pb.setup(c.tiling);
   setup.traffic = traffic;
   setup.hooks.drop_grad_step = drop_grad_step;
   runtime::RingAttention<T> ring(comm, setup);
-  const auto lq = local_slice<T>(q, s.B, qi, layout, r), lk = local_slice<T>(k, s.B, ki, layout, r),
-             lv = local_slice<T>(v, s.B, ki, layout, r), ld = local_slice<T>(dout, s.B, qi, layout, r);
-  ring.load(lq.data(), lk.data(), lv.data());
-  ring.load_dout(ld.data());
+  ring.load(pb.lq.data(), pb.lk.data(), pb.lv.data());
+  ring.load_dout(pb.ld.data());
   ring.forward();
   ring.backward();
-  const Index L = layout.size(r);
+  const Index L = pb.local_size();
   RingRun<T> out;
-  std::vector<T> o(s.B * L * qi), lse(s.B * s.H * L), dq(s.B * L * qi);
-  out.dk.resize(s.B * L * ki);
-  out.dv.resize(s.B * L * ki);
+  std::vector<T> o(s.B * L * pb.qi), lse(s.B * s.H * L), dq(s.B * L * pb.qi);
+  out.dk.resize(s.B * L * pb.ki);
+  out.dv.resize(s.B * L * pb.ki);
   ring.outputs(o.data(), lse.data(), dq.data(), out.dk.data(), out.dv.data());
-  out.err.o = rel_error(o, ref.o, s.B, qi, layout, r);
-  out.err.lse = rel_error(lse, ref.lse, s.B * s.H, 1, layout, r);
-  out.err.dq = rel_error(dq, ref.dq, s.B, qi, layout, r);
-  out.err.dk = rel_error(out.dk, ref.dk, s.B, ki, layout, r);
-  out.err.dv = rel_error(out.dv, ref.dv, s.B, ki, layout, r);
+  out.err = pb.errors(o, lse, dq, out.dk, out.dv);
   // What moved is exactly the closed form, on every rank.
   Ledger want = expected_ledger(layout, s, r, true, traffic, mask);
   if (traffic == Traffic::full) {

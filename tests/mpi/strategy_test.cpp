@@ -21,8 +21,8 @@ using namespace ringattn::core;
 namespace {
 
 using runtime::StrategyKind;
-using test_util::global_input;
-using test_util::local_slice;
+using test_util::Errors;
+using test_util::Problem;
 using test_util::world;
 constexpr std::uint64_t kSeed = 23;
 
@@ -39,35 +39,12 @@ struct Case {
       : name(std::move(n)), s(sh), kind(k), causal(c), window(w), docs(std::move(d)), partition(std::move(p)) {}
 };
 
-struct Errors {
-  double o = 0, lse = 0, dq = 0, dk = 0, dv = 0;
-  double max() const { return std::max({o, lse, dq, dk, dv}); }
-};
-
 template <class T>
 struct Run {
   Errors err;
   std::vector<core::accum_t<T>> out;  // o, lse, dq, dk, dv of this rank, concatenated
   Ledger ledger;
 };
-
-template <class T>
-double rel_error(const std::vector<T>& mine, const std::vector<double>& ref, Index outer, Index inner,
-                 const Layout& l, int r) {
-  const std::vector<double> want = local_slice<double>(ref, outer, inner, l, r);
-  double diff = 0, scale = 0;
-  for (double x : ref)
-    if (std::isfinite(x)) scale = std::max(scale, std::abs(x));
-  for (std::size_t n = 0; n < want.size(); ++n) {
-    const double x = static_cast<double>(mine[n]);
-    if (std::isnan(x) || ((std::isinf(x) || std::isinf(want[n])) && x != want[n])) {
-      diff = std::numeric_limits<double>::infinity();
-      break;
-    }
-    if (std::isfinite(x)) diff = std::max(diff, std::abs(x - want[n]));
-  }
-  return world().max(diff) / (scale > 0 ? scale : 1.0);
-}
 
 // What rank r's ledger must be: the ring over the groups (its closed form on the grouped layout,
 // the member's head slice) plus the all-to-alls' closed form.
@@ -97,45 +74,26 @@ Run<T> run(const Case& c, StrategyKind kind, int U) {
   const comm::Comm& comm = world();
   const int r = comm.rank();
   const Shape& s = c.s;
-  const Layout layout = Layout::make(c.kind, s.S, comm.size(), c.partition);
-  const Mask mask = Mask::make(s.S, c.causal, c.window, c.docs);
-  const double scale = 1.0 / std::sqrt(double(s.D));
-  const Index qi = s.H * s.D, ki = s.HKV * s.D;
-  const auto q = global_input<T>(kSeed, InputTensor::q, s.B, s.S, qi),
-             k = global_input<T>(kSeed, InputTensor::k, s.B, s.S, ki),
-             v = global_input<T>(kSeed, InputTensor::v, s.B, s.S, ki),
-             dout = global_input<T>(kSeed, InputTensor::dout, s.B, s.S, qi);
-  const DenseResult ref = reference_attention(s, mask, scale, q, k, v, dout);
-
-  runtime::StrategySetup setup;
-  setup.shape = s;
-  setup.layout = &layout;
-  setup.mask = &mask;
-  setup.scale = scale;
-  setup.tiling = Tiling{16, 32};
+  const Problem<T> pb(kSeed, s, c.kind, c.partition, c.causal, c.window, c.docs);
+  runtime::StrategySetup setup = pb.setup(Tiling{16, 32});
   setup.kind = kind;
   setup.ulysses_degree = runtime::ulysses_degree(kind, U, comm.size());
   auto strategy = runtime::make_strategy<T>(comm, setup);
-  const auto lq = local_slice<T>(q, s.B, qi, layout, r), lk = local_slice<T>(k, s.B, ki, layout, r),
-             lv = local_slice<T>(v, s.B, ki, layout, r), ld = local_slice<T>(dout, s.B, qi, layout, r);
-  strategy->load(lq.data(), lk.data(), lv.data());
-  strategy->load_dout(ld.data());
+  strategy->load(pb.lq.data(), pb.lk.data(), pb.lv.data());
+  strategy->load_dout(pb.ld.data());
   strategy->forward();
   strategy->backward();
-  const Index L = layout.size(r);
+  const Index L = pb.local_size();
   EXPECT_EQ(strategy->local_size(), L);
-  std::vector<A> o(s.B * L * qi), lse(s.B * s.H * L), dq(s.B * L * qi), dk(s.B * L * ki), dv(s.B * L * ki);
+  std::vector<A> o(s.B * L * pb.qi), lse(s.B * s.H * L), dq(s.B * L * pb.qi), dk(s.B * L * pb.ki),
+      dv(s.B * L * pb.ki);
   strategy->outputs(o.data(), lse.data(), dq.data(), dk.data(), dv.data());
   Run<T> out;
-  out.err.o = rel_error(o, ref.o, s.B, qi, layout, r);
-  out.err.lse = rel_error(lse, ref.lse, s.B * s.H, 1, layout, r);
-  out.err.dq = rel_error(dq, ref.dq, s.B, qi, layout, r);
-  out.err.dk = rel_error(dk, ref.dk, s.B, ki, layout, r);
-  out.err.dv = rel_error(dv, ref.dv, s.B, ki, layout, r);
+  out.err = pb.errors(o, lse, dq, dk, dv);
   for (const auto* t : {&o, &lse, &dq, &dk, &dv}) out.out.insert(out.out.end(), t->begin(), t->end());
   out.ledger = strategy->ledger();
   const int Ueff = runtime::ulysses_degree(kind, U, comm.size());
-  const Ledger want = expected(layout, s, Ueff, r, mask, Index(sizeof(T)), Index(sizeof(A)));
+  const Ledger want = expected(pb.layout, s, Ueff, r, pb.mask, Index(sizeof(T)), Index(sizeof(A)));
   EXPECT_EQ(out.ledger, want) << "rank " << r << "\n counted:  " << out.ledger.str() << "\n expected: " << want.str();
   return out;
 }
