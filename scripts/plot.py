@@ -316,7 +316,11 @@ def simulated_table(path):
         ss.add(S)
         cells.setdefault((S, N), {})[r["strategy"] + (f":{r['ulysses_degree']}" if r["strategy"] == "usp" else "")] = r
 
-    def cell(point):
+    at_n = defaultdict(set)  # the strategies simulated at each N, over every S
+    for (S, N), point in cells.items():
+        at_n[N] |= set(point)
+
+    def cell(point, N):
         ring = point.get("ring")
         if not ring:
             return "–"
@@ -324,6 +328,8 @@ def simulated_table(path):
         verdict = next((v for k, v in short.items() if k in ring["plan_verdict"]), ring["plan_verdict"])
         best = min(point, key=lambda k: t(point[k]))
         rec = "ring" if best == "ring" else f"{best} ({t(point[best]) / t(ring):.2f}×)"
+        if set(point) != at_n[N]:  # a point with fewer strategies than its column says so
+            rec += f" (of {', '.join(sorted(point))} only)"
         return (f"{float(ring['exposed_wait']) * 100:.1f}% · {float(ring['plan_comm_ratio']) * 100:.0f}% {verdict}"
                 f" · {rec}")
 
@@ -331,7 +337,7 @@ def simulated_table(path):
     out = ["| S \\ N | " + " | ".join(str(n) for n in cols) + " |", "| --- |" + " ---: |" * len(cols)]
     for S in sorted(ss):
         name = f"{S // 1024}K" if S % 1024 == 0 else str(S)
-        out.append(f"| {name} | " + " | ".join(cell(cells.get((S, n), {})) for n in cols) + " |")
+        out.append(f"| {name} | " + " | ".join(cell(cells.get((S, n), {}), n) for n in cols) + " |")
     return "\n".join(out)
 
 
