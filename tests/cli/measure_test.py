@@ -247,6 +247,51 @@ def test_sweep_plot():
               f"plot.py draws the strategies ({p.stderr.strip()[-300:]})")
 
 
+def test_simulated_plot():
+    """plot.py on the committed simulation sweep (docs/data): the README's table, S x N, each cell
+    from its point's rows, and the chart; a CSV without a successful row is refused in one line."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        print("SKIP: python3-matplotlib is not installed (scripts/setup.sh installs it)")
+        sys.exit(77)
+    data = f"{ARGS.root}/docs/data/simulate-infiniband.csv"
+    rows = list(csv.DictReader(open(data)))
+    with tempfile.TemporaryDirectory() as d:
+        p = run(["/usr/bin/python3", f"{ARGS.root}/scripts/plot.py", data, "--table"])
+        check(p.returncode == 0, f"plot.py --table exit 0 ({p.stderr.strip()[-300:]})")
+        lines = p.stdout.strip().splitlines()
+        ns = sorted({int(r["N"]) for r in rows})
+        ss = sorted({int(r["S"]) for r in rows})
+        check(lines and lines[0] == "| S \\ N | " + " | ".join(map(str, ns)) + " |", f"header: {lines[:1]}")
+        check(len(lines) == 2 + len(ss), f"one line per S ({len(lines)})")
+        for S, line in zip(ss, lines[2:]):
+            cells = [c.strip() for c in line.strip("|").split("|")][1:]
+            for N, c in zip(ns, cells):
+                point = [r for r in rows if int(r["N"]) == N and int(r["S"]) == S and r["status"] == "ok"]
+                ring = [r for r in point if r["strategy"] == "ring"]
+                if not ring:
+                    check(c == "–", f"S={S} N={N}: no ring row, no cell ({c})")
+                    continue
+                best = min(point, key=lambda r: float(r["forward_s"]) + float(r["backward_s"]))
+                name = best["strategy"] + (":" + best["ulysses_degree"] if best["strategy"] == "usp" else "")
+                want = f"{float(ring[0]['exposed_wait']) * 100:.1f}% · {float(ring[0]['plan_comm_ratio']) * 100:.0f}%"
+                check(c.startswith(want) and c.split(" · ")[2].split(" ")[0] == name,
+                      f"S={S} N={N}: '{c}' starts with '{want}' and recommends {name}")
+                check(name == best["recommended"], f"S={S} N={N}: the CSV's recommended column says {name}")
+        p = run(["/usr/bin/python3", f"{ARGS.root}/scripts/plot.py", data, "--outdir", d])
+        f = f"{d}/simulate-infiniband_simulated.png"
+        check(p.returncode == 0 and os.path.exists(f) and open(f, "rb").read(8) == b"\x89PNG\r\n\x1a\n",
+              f"the simulated chart is a PNG ({p.stderr.strip()[-300:]})")
+        bad = f"{d}/failed.csv"
+        with open(bad, "w") as fh:
+            fh.write(open(data).readline() + ",".join(["x"] * len(rows[0])) + "\n")
+        p = run(["/usr/bin/python3", f"{ARGS.root}/scripts/plot.py", bad, "--table"])
+        lines = [l for l in p.stderr.splitlines() if l.strip()]
+        check(p.returncode == 2 and len(lines) == 1 and "Traceback" not in p.stderr,
+              f"no successful row: one line, exit 2 ({p.returncode}: {lines[:2]})")
+
+
 def test_sweep_bad_input():
     """sweep.sh refuses bad options before its first run, with one line and exit 2, and leaves no
     half-written CSV; plot.py on a missing file says so in one line."""
