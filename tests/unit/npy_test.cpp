@@ -99,7 +99,7 @@ std::vector<core::Run> runs_of(const std::vector<Index>& positions) {
   return runs;
 }
 
-// S = 7 positions over N = 3 ranks in the three layouts of DESIGN.md.
+// S = 7 positions over N = 3 ranks in the three layouts (contiguous, striped, zigzag).
 const std::vector<std::vector<std::vector<Index>>> kLayoutsS7N3 = {
     {{0, 1, 2}, {3, 4}, {5, 6}},  // contiguous
     {{0, 3, 6}, {1, 4}, {2, 5}},  // striped
