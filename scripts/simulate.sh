@@ -258,14 +258,7 @@ sweep)
   done
   [ "$((HEADS % KV_HEADS))" -eq 0 ] || die "--kv-heads: H=$HEADS is not a multiple of HKV=$KV_HEADS"
   case "$DTYPE" in f32) p=4 ;; f64) p=8 ;; bf16|f16) p=2 ;; *) die "--dtype: '$DTYPE' (expected bf16, f16, f32 or f64)" ;; esac
-  for s in $STRATEGIES; do
-    case "$s" in
-      ring|ulysses) ;;
-      usp:*) [[ "${s#usp:}" =~ ^[0-9]+$ ]] && [ "${s#usp:}" -ge 2 ] ||
-               die "--strategies: '$s' has no Ulysses degree (expected usp:U with an integer U >= 2)" ;;
-      *) die "--strategies: unknown strategy '$s' (expected ring, ulysses or usp:U)" ;;
-    esac
-  done
+  why="$(check_strategies "$STRATEGIES" 2)" || die "$why"
   build_smpi
   host_speed >/dev/null
   [ -x "$BIN" ] || die "$BIN not found: the normal build gives plan's predictions"

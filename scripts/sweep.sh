@@ -118,14 +118,7 @@ for l in $LAYOUTS; do
 done
 case "$DTYPE" in f32|f64|bf16|f16) ;; *) die "--dtype: unknown dtype '$DTYPE' (expected bf16, f16, f32 or f64)" ;; esac
 [ -n "$STRATEGIES" ] || die "--strategies: no strategy (expected ring, ulysses or usp:U)"
-for st in $STRATEGIES; do
-  case "$st" in
-    ring|ulysses) ;;
-    usp:*) [[ "${st#usp:}" =~ ^[0-9]+$ ]] && [ "${st#usp:}" -ge 1 ] ||
-             die "--strategies: '$st' has no Ulysses degree (expected usp:U with an integer U >= 1)" ;;
-    *) die "--strategies: unknown strategy '$st' (expected ring, ulysses or usp:U)" ;;
-  esac
-done
+why="$(check_strategies "$STRATEGIES" 1)" || die "$why"
 
 [ "$DO_BUILD" = 1 ] && build >/dev/null
 [ -x "$BIN" ] || die "$BIN not found (build first, or pass --build)"
