@@ -20,7 +20,7 @@ Command add_run_command(CLI::App& parent) {
   add_integer(run, "--heads", c.heads, "query heads H (default 4)");
   add_integer(run, "--kv-heads", c.kv_heads, "key/value heads HKV, H % HKV == 0 (default H)");
   add_integer(run, "--head-dim", c.head_dim, "head dim D (default 64)");
-  run->add_option("--dtype", c.dtype, "f32 or f64 (default f32; --inputs files decide)");
+  run->add_option("--dtype", c.dtype, "bf16, f16, f32 or f64 (default f32, or the --inputs files' type; another type than the files' converts them on load)");
   run->add_flag("--causal", c.causal, "causal mask j <= i on global positions");
   add_integer(run, "--window", c.window, "causal sliding window W: i-W < j <= i");
   add_integer(run, "--doc-lens", c.doc_lens, "packed documents a,b,... summing to S")->delimiter(',');

@@ -28,8 +28,7 @@ std::string join(std::span<const Index> v) {
 std::string without_dashes(const std::string& m) { return m.rfind("--", 0) == 0 ? m.substr(2) : m; }
 
 core::DType parse_dtype(const std::string& name) {
-  for (core::DType t : {core::DType::f32, core::DType::f64, core::DType::bf16, core::DType::f16})
-    if (name == core::dtype_name(t)) return t;
+  if (const auto t = core::dtype_from_name(name)) return *t;
   throw InputError(fmt::format("dtype: unknown dtype '{}' (expected f32, f64, bf16 or f16)", name));
 }
 

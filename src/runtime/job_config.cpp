@@ -82,10 +82,8 @@ void check_run_options(const JobConfig& c) {
 namespace {
 
 DType dtype_from_option(const std::string& name) {
-  if (name.empty() || name == "f32") return DType::f32;
-  if (name == "f64") return DType::f64;
-  if (name == "bf16") return DType::bf16;
-  if (name == "f16") return DType::f16;
+  if (name.empty()) return DType::f32;
+  if (const auto t = core::dtype_from_name(name)) return *t;
   throw InputError(fmt::format("--dtype: unknown dtype '{}' (expected bf16, f16, f32 or f64)", name));
 }
 

@@ -47,15 +47,16 @@ void measure_kernel(const comm::Comm& comm, const ProbeConfig& c, Probe& p) {
   core::pack_heads(pk, file.data(), kv.data());
   core::generate_positions<T>(1, core::InputTensor::v, s.B, L, s.HKV * s.D, {&all, 1}, L, file.data());
   core::pack_heads(pk, file.data(), kv.data() + pk.kv_elems());
-  std::vector<T> m(pq.row_elems()), l(pq.row_elems()), acc(pq.q_elems());
-  core::Workspace<T> ws(core::resolve_tiling({}, s.D, L, s.G()), s.D);  // the run's tiling and kernels
+  using A = core::accum_t<T>;  // bf16 and f16 are stored, f32 computes
+  std::vector<A> m(pq.row_elems()), l(pq.row_elems()), acc(pq.q_elems());
+  core::Workspace<A> ws(core::resolve_tiling({}, s.D, L, s.G()), s.D);  // the run's tiling and kernels
   const core::Mask none = core::Mask::none();
   const core::QueryShard<T> qs{pq, pos, q.data()};
   const core::KVBlock<T> blk{pk, pos, kv.data(), kv.data() + pk.kv_elems()};
-  const T scale = static_cast<T>(1.0 / std::sqrt(double(s.D)));
+  const A scale = static_cast<A>(1.0 / std::sqrt(double(s.D)));
   core::Work work;
   auto once = [&] {
-    const core::OnlineState<T> st{m.data(), l.data(), acc.data()};
+    const core::OnlineState<A> st{m.data(), l.data(), acc.data()};
     core::init_online_state(pq, st);
     comm.barrier();  // every rank computes at once, as in the ring (they share the machine)
     const double t0 = comm::wtime();
@@ -288,9 +289,8 @@ Probe run_probe(const comm::Comm& comm, const ProbeConfig& c) {
                 c.head_dim.value_or(kDefaultHeadDim)};
   s.HKV = c.kv_heads.value_or(s.H);
   s.validate();
-  if (c.dtype == "f32") dtype = core::DType::f32;
-  else if (c.dtype == "f64") dtype = core::DType::f64;
-  else throw InputError(fmt::format("--dtype: unknown dtype '{}' (expected f32 or f64)", c.dtype));
+  if (const auto t = core::dtype_from_name(c.dtype)) dtype = *t;
+  else throw InputError(fmt::format("--dtype: unknown dtype '{}' (expected bf16, f16, f32 or f64)", c.dtype));
   core::parse_layout_kind(c.layout);
   if (c.bw.iters < 1) throw InputError(fmt::format("--iters: {} is not >= 1", c.bw.iters));
   if (!(c.budget_s > 0))
@@ -304,7 +304,13 @@ Probe run_probe(const comm::Comm& comm, const ProbeConfig& c) {
   const double shard = double(s.B) * double(s.S) / comm.size() * double(2 * s.H + 4 * s.HKV) * s.D * 8.0;
   if (shard > 64e9) throw InputError(fmt::format("shape {} is too large to probe on one rank", s.str()));
   });
-  return dtype == core::DType::f32 ? probe_typed<float>(comm, c, s, dtype) : probe_typed<double>(comm, c, s, dtype);
+  switch (dtype) {
+    case core::DType::f64: return probe_typed<double>(comm, c, s, dtype);
+    case core::DType::bf16: return probe_typed<core::bf16>(comm, c, s, dtype);
+    case core::DType::f16: return probe_typed<core::f16>(comm, c, s, dtype);
+    case core::DType::f32: break;
+  }
+  return probe_typed<float>(comm, c, s, dtype);
 }
 
 io::Json probe_json(const ProbeConfig& c, const Probe& p) {

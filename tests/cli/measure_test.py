@@ -182,6 +182,21 @@ def test_probe_strategies():
     check(len(st) == 2 and not st[0].get("run") and "H % N == 0" in st[0].get("reason", "") and st[1].get("run"),
           f"H=3: ulysses listed with the rule, ring run: {st}")
     check(j.get("recommended") == "ring", f"recommended ring ({j.get('recommended')})")
+    # 16-bit storage: blocks of p = 2 bytes (I_step doubles), the ring sends K/V in the storage type
+    # and dK/dV in f32: forward + replay 2 x 2 B, gradients 4 B per element of one block (N=2).
+    for dtype in ("bf16", "f16"):
+        p = run(cmd[:-3] + ["--budget", 0.1, "--json", "--dtype", dtype, "--strategies", "ring"], timeout=60)
+        j = json.loads(p.stdout) if p.returncode == 0 else {}
+        elems = 2 * 256 * 4 * 32  # 2 B L HKV D, L = S/N = 256
+        st = j.get("strategies", [{}])
+        check(p.returncode == 0 and j.get("config", {}).get("dtype") == dtype, f"{dtype}: exit 0, config.dtype")
+        check(j.get("block_bytes") == elems * 2 and j.get("step_intensity") == 256,
+              f"{dtype}: block_bytes {j.get('block_bytes')} = {elems * 2}, I_step {j.get('step_intensity')} = 256")
+        check(st[0].get("recv_bytes") == elems * (2 + 2 + 4), f"{dtype}: ring recv_bytes {st[0].get('recv_bytes')}")
+    p = run([ARGS.mpirun, "-np", 2, ARGS.binary, "probe", "--dtype", "f8"])
+    lines = [l for l in p.stderr.splitlines() if l.startswith("ringattn")]
+    check(p.returncode == 2 and len(lines) == 1 and "bf16, f16, f32 or f64" in lines[0],
+          f"unknown dtype: exit 2, one line ({p.returncode}: {lines})")
     p = run([ARGS.mpirun, "-np", 2, ARGS.binary, "probe", "--strategies", "ring,tree"])
     lines = [l for l in p.stderr.splitlines() if l.startswith("ringattn")]
     check(p.returncode == 2 and len(lines) == 1 and "ring, ulysses or usp" in lines[0],

@@ -3,7 +3,9 @@
 //   B batch, S total positions, H query heads, HKV key/value heads, D head dim,
 //   G = H / HKV query heads per kv head, N ranks, L positions on one rank.
 #include <cstdint>
+#include <optional>
 #include <string>
+#include <string_view>
 
 namespace ringattn::core {
 
@@ -28,6 +30,12 @@ inline const char* dtype_name(DType t) {
     case DType::f16: return "f16";
   }
   return "?";
+}
+// The DType whose dtype_name is `name`, if any.
+inline std::optional<DType> dtype_from_name(std::string_view name) {
+  for (DType t : {DType::f32, DType::f64, DType::bf16, DType::f16})
+    if (name == dtype_name(t)) return t;
+  return std::nullopt;
 }
 // The type bf16 and f16 runs compute and write their outputs in.
 inline DType accum_dtype(DType t) { return t == DType::f64 ? DType::f64 : DType::f32; }
