@@ -72,26 +72,48 @@ void measure_kernel(const comm::Comm& comm, const ProbeConfig& c, Probe& p) {
   p.compute_flops = p.kernel_s > 0 ? work.flops / p.kernel_s : 0;
 }
 
-// Step 3's measurement: the real ring forward for this shape, a few times.
+// One rank's generated shard of q, k, v and dout for the layout (seed 0, as `run` generates them).
 template <class T>
-void measure_ring(const comm::Comm& comm, const ProbeConfig& c, const core::Layout& layout, const core::Mask& mask,
-                  Probe& p) {
-  const core::Shape& s = p.shape;
-  const int r = comm.rank(), N = comm.size();
-  const Index Lr = layout.size(r);
-  const auto runs = layout.runs(r);
-  std::vector<T> q(s.B * Lr * s.H * s.D), k(s.B * Lr * s.HKV * s.D), v(k.size());
-  core::generate_positions<T>(0, core::InputTensor::q, s.B, s.S, s.H * s.D, runs, Lr, q.data());
-  core::generate_positions<T>(0, core::InputTensor::k, s.B, s.S, s.HKV * s.D, runs, Lr, k.data());
-  core::generate_positions<T>(0, core::InputTensor::v, s.B, s.S, s.HKV * s.D, runs, Lr, v.data());
+struct Shard {
+  std::vector<T> q, k, v, dout;
+  Shard(const core::Shape& s, const core::Layout& layout, int rank) {
+    const Index Lr = layout.size(rank);
+    const auto runs = layout.runs(rank);
+    auto make = [&](std::vector<T>& x, core::InputTensor t, Index heads) {
+      x.resize(s.B * Lr * heads * s.D);
+      core::generate_positions<T>(0, t, s.B, s.S, heads * s.D, runs, Lr, x.data());
+    };
+    make(q, core::InputTensor::q, s.H);
+    make(k, core::InputTensor::k, s.HKV);
+    make(v, core::InputTensor::v, s.HKV);
+    make(dout, core::InputTensor::dout, s.H);
+  }
+};
+
+// A strategy's setup as `run` makes it: the ring's tiles for its shards; a head-parallel strategy
+// resolves its own.
+StrategySetup setup_for(const core::Shape& s, const core::Layout& layout, const core::Mask& mask, StrategyKind kind,
+                        int ulysses_degree) {
   StrategySetup setup;
   setup.shape = s;
   setup.layout = &layout;
   setup.mask = &mask;
   setup.scale = 1.0 / std::sqrt(double(s.D));
-  setup.tiling = core::resolve_tiling(setup.tiling, s.D, layout.max_size(), s.G());
-  RingAttention<T> ring(comm, setup);
-  ring.load(q.data(), k.data(), v.data());
+  setup.kind = kind;
+  setup.ulysses_degree = ulysses_degree;
+  if (kind == StrategyKind::ring) setup.tiling = core::resolve_tiling(setup.tiling, s.D, layout.max_size(), s.G());
+  return setup;
+}
+
+// Step 3's measurement: the real ring forward for this shape, a few times.
+template <class T>
+void measure_ring(const comm::Comm& comm, const ProbeConfig& c, const core::Layout& layout, const core::Mask& mask,
+                  Probe& p) {
+  const core::Shape& s = p.shape;
+  const int N = comm.size();
+  const Shard<T> in(s, layout, comm.rank());
+  RingAttention<T> ring(comm, setup_for(s, layout, mask, StrategyKind::ring, 1));
+  ring.load(in.q.data(), in.k.data(), in.v.data());
   struct Sample {
     double total, compute, wait;
   };
@@ -150,27 +172,10 @@ std::vector<StrategyProbe> strategy_list(const ProbeConfig& c, Index H, int N) {
 template <class T>
 void measure_strategy(const comm::Comm& comm, const ProbeConfig& c, const core::Layout& layout,
                       const core::Mask& mask, const core::Shape& s, StrategyProbe& x) {
-  const int r = comm.rank();
-  const Index Lr = layout.size(r);
-  const auto runs = layout.runs(r);
-  std::vector<T> q(s.B * Lr * s.H * s.D), k(s.B * Lr * s.HKV * s.D), v(k.size()), dout(q.size());
-  core::generate_positions<T>(0, core::InputTensor::q, s.B, s.S, s.H * s.D, runs, Lr, q.data());
-  core::generate_positions<T>(0, core::InputTensor::k, s.B, s.S, s.HKV * s.D, runs, Lr, k.data());
-  core::generate_positions<T>(0, core::InputTensor::v, s.B, s.S, s.HKV * s.D, runs, Lr, v.data());
-  core::generate_positions<T>(0, core::InputTensor::dout, s.B, s.S, s.H * s.D, runs, Lr, dout.data());
-  StrategySetup setup;
-  setup.shape = s;
-  setup.layout = &layout;
-  setup.mask = &mask;
-  setup.scale = 1.0 / std::sqrt(double(s.D));
-  setup.kind = parse_strategy(x.strategy);
-  setup.ulysses_degree = x.ulysses_degree;
-  // As `run` does: the ring's tiles for its shards; a head-parallel strategy resolves its own.
-  if (setup.kind == StrategyKind::ring)
-    setup.tiling = core::resolve_tiling(setup.tiling, s.D, layout.max_size(), s.G());
-  auto st = make_strategy<T>(comm, setup);
-  st->load(q.data(), k.data(), v.data());
-  st->load_dout(dout.data());
+  const Shard<T> in(s, layout, comm.rank());
+  auto st = make_strategy<T>(comm, setup_for(s, layout, mask, parse_strategy(x.strategy), x.ulysses_degree));
+  st->load(in.q.data(), in.k.data(), in.v.data());
+  st->load_dout(in.dout.data());
   struct Sample {
     double fwd, bwd, wait, a2a;
   };
