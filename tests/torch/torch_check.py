@@ -254,7 +254,12 @@ def run_binary(args, in_dir, out_dir):
     if args.ulysses_degree is not None:
         cmd += ["--ulysses-degree", str(args.ulysses_degree)]
     print("run:", " ".join(cmd), flush=True)
+    return run_mpi(cmd, args.timeout)
 
+
+def run_mpi(cmd, timeout):
+    """Run an mpirun command line with MPI_ENV; returns (ok, message). On a timeout, mpirun and every
+    rank it started get SIGTERM, then SIGKILL."""
     env = dict(os.environ, **MPI_ENV)
     # Own session, so a timeout can take down mpirun and every rank it started (Open MPI
     # gives each rank its own process group, but they stay in mpirun's session).
@@ -262,7 +267,7 @@ def run_binary(args, in_dir, out_dir):
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, start_new_session=True)
     try:
-        stdout, stderr = proc.communicate(timeout=args.timeout)
+        stdout, stderr = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         _signal_session(proc.pid, signal.SIGTERM)  # mpirun forwards it to the ranks
         try:
@@ -271,7 +276,7 @@ def run_binary(args, in_dir, out_dir):
             stdout, stderr = "", ""
         _signal_session(proc.pid, signal.SIGKILL)
         proc.wait()
-        return False, f"timed out after {args.timeout:g} s\n{stderr or ''}"
+        return False, f"timed out after {timeout:g} s\n{stderr or ''}"
     if proc.returncode != 0:
         return False, (f"exit code {proc.returncode}\n--- stdout ---\n{stdout}"
                        f"\n--- stderr ---\n{stderr}")

@@ -27,8 +27,6 @@ import json
 import math
 import os
 import shutil
-import signal
-import subprocess
 import sys
 import tempfile
 
@@ -36,8 +34,8 @@ import numpy as np
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from torch_check import (MPI_ENV, NUMPY_DTYPE, TOLERANCE, _signal_session, compare,  # noqa: E402
-                         int_list, visibility_mask)
+from torch_check import (NUMPY_DTYPE, TOLERANCE, compare, int_list, run_mpi,  # noqa: E402
+                         visibility_mask)
 
 LAYER_OUTPUTS = ("y", "dx", "dwq", "dwk", "dwv", "dwo")
 ATTENTION_OUTPUTS = ("o", "lse", "dq", "dk", "dv")
@@ -177,23 +175,7 @@ def run_binary(a, n, in_dir, out_dir, report):
         cmd.append("--causal")
     cmd += a.extra
     print("run:", " ".join(cmd), flush=True)
-    env = dict(os.environ, **MPI_ENV)
-    proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
-    try:
-        stdout, stderr = proc.communicate(timeout=a.timeout)
-    except subprocess.TimeoutExpired:
-        _signal_session(proc.pid, signal.SIGTERM)
-        try:
-            stdout, stderr = proc.communicate(timeout=5)
-        except subprocess.TimeoutExpired:
-            stdout, stderr = "", ""
-        _signal_session(proc.pid, signal.SIGKILL)
-        proc.wait()
-        return False, f"timed out after {a.timeout:g} s\n{stderr or ''}"
-    if proc.returncode != 0:
-        return False, f"exit code {proc.returncode}\n--- stdout ---\n{stdout}\n--- stderr ---\n{stderr}"
-    return True, ""
+    return run_mpi(cmd, a.timeout)
 
 
 def check_report(path, n, elem_size):
