@@ -308,10 +308,12 @@ plan_verdict plan_recommended recommended"
         [ $rc -ne 0 ] && echo "simulate: N=$N S=$S $st: $status: $(grep -m1 -i error "$tmp/err.txt" || tail -1 "$tmp/err.txt")" >&2
         /usr/bin/python3 - "$N" "$S" "$HEADS" "$KV_HEADS" "$HEAD_DIM" "$DTYPE" "$CAUSAL" "$status" "$strategy" "$U" \
             "$(basename "$PLATFORM" .xml)" "$mode" "$wall" "$PLAN_FLOPS" "$PLAN_BW" "$p" "$BIN" "$tmp/report.json" \
-            "$tmp/trace.jsonl" "$COLS" >>"$tmp/point.csv" <<'EOF'
-import json, os, subprocess, sys
+            "$tmp/trace.jsonl" "$COLS" "$ROOT/scripts" >>"$tmp/point.csv" <<'EOF'
+import json, subprocess, sys
 (N, S, H, HKV, D, dtype, causal, status, strategy, U, platform, mode, wall, pflops, pbw, p, binary, report, trace,
- cols) = sys.argv[1:]
+ cols, scripts) = sys.argv[1:]
+sys.path.insert(0, scripts)
+from report_row import csv_line, measured
 causal = causal == "1"
 plan = subprocess.run([binary, "plan", "--seq", S, "--ranks", N, "--heads", H, "--kv-heads", HKV, "--head-dim", D,
                        "--bytes", p, "--flops", pflops, "--bandwidth", pbw, "--json"] + (["--causal"] if causal else []),
@@ -335,34 +337,11 @@ if mine:
 if est:
     best = min(est, key=lambda x: x["predicted_s"])
     row["plan_recommended"] = best["strategy"] + (f":{best['ulysses_degree']}" if best["strategy"] == "usp" else "")
-if os.path.exists(report):
-    rep = json.load(open(report))
-    ranks = rep["ranks"]
-    row["layout"] = rep["config"]["layout"]
-    fwd, bwd = rep["time"]["forward_s"], rep["time"]["backward_s"]
-    comp = [r["time"]["compute_s"] for r in ranks]
-    wait = [r["time"]["wait_s"] for r in ranks]
-    flops = [r["work"]["flops"] for r in ranks]
-    mean = sum(flops) / len(flops)
-    row.update(forward_s=fwd, backward_s=bwd, compute_s=max(comp), wait_s=max(wait),
-               a2a_wait_s=max(r["time"].get("a2a_wait_s", 0) for r in ranks),
-               wait_ratio=sum(wait) / sum(comp) if sum(comp) > 0 else "",
-               exposed_wait=max(r["time"]["wait_s"] / (r["time"]["forward_s"] + r["time"]["backward_s"])
-                                for r in ranks if r["time"]["forward_s"] + r["time"]["backward_s"] > 0),
-               bytes=sum(r["ledger"]["send_bytes"] for r in ranks),
-               gflops=sum(flops) / (fwd + bwd) * 1e-9 if fwd + bwd > 0 else "",
-               tile_pairs=sum(r["work"]["tile_pairs"] for r in ranks),
-               imbalance=max(flops) / mean if mean > 0 else "")
-    if "check" in rep:
-        errs = [e for e in rep["check"]["max_rel_err"].values() if e is not None]
-        row["max_error"] = max(errs) if errs else ""
-if os.path.exists(trace):
-    steps = [json.loads(l) for l in open(trace) if l.strip()]
-    f = [s for s in steps if s.get("pass") == "forward"]
-    c = sum(s["compute_s"] for s in f if s.get("phase") != "all-to-all")
-    row["fwd_wait_ratio"] = sum(s["wait_s"] for s in f) / c if c > 0 else ""
-fmt = lambda v: f"{v:.6g}" if isinstance(v, float) else str(v)
-print(",".join(fmt(row.get(k, "")) for k in cols.split()))
+cols_measured, config = measured(report, trace)
+row.update(cols_measured)
+if config:
+    row["layout"] = config["layout"]
+print(csv_line(row, cols))
 EOF
         printf 'simulate: %-7s S=%-7s N=%-5s %-11s %s (%ds wall, %ds total)\n' "$st" "$S" "$N" "$mode" "$status" \
           "$wall" $((SECONDS - t_start)) >&2

@@ -136,9 +136,11 @@ wait_ratio fwd_wait_ratio bytes gflops tile_pairs imbalance step_intensity max_e
 
 # One CSV row from a run's report, trace and the cost model (python3 from Debian; no jq here).
 row() {  # row N S mask layout strategy U status report trace
-  /usr/bin/python3 - "$@" "$BIN" "$HEADS" "$KV_HEADS" "$HEAD_DIM" "$DTYPE" "$CSV_COLUMNS" <<'EOF'
-import json, os, subprocess, sys
-N, S, mask, layout, strategy, U, status, report, trace, binary, H, HKV, D, dtype, cols = sys.argv[1:]
+  /usr/bin/python3 - "$@" "$BIN" "$HEADS" "$KV_HEADS" "$HEAD_DIM" "$DTYPE" "$CSV_COLUMNS" "$ROOT/scripts" <<'EOF'
+import json, subprocess, sys
+N, S, mask, layout, strategy, U, status, report, trace, binary, H, HKV, D, dtype, cols, scripts = sys.argv[1:]
+sys.path.insert(0, scripts)
+from report_row import csv_line, measured
 causal = mask == "causal"
 p = {"f64": 8, "f32": 4}.get(dtype, 2)  # bytes per stored element (bf16, f16: 2)
 planned = subprocess.run(
@@ -154,33 +156,10 @@ if same == "ring":
     intensity = plan.get("step_intensity", "")
 row = dict(N=N, S=S, B=1, H=H, HKV=HKV, D=D, dtype=dtype, causal=int(causal), layout=layout, strategy=strategy,
            ulysses_degree=U, step_intensity="" if intensity is None else intensity, status=status)
-if os.path.exists(report):
-    rep = json.load(open(report))
-    ranks = rep["ranks"]
-    row["B"] = rep["config"]["batch"]
-    fwd, bwd = rep["time"]["forward_s"], rep["time"]["backward_s"]
-    comp = [r["time"]["compute_s"] for r in ranks]
-    wait = [r["time"]["wait_s"] for r in ranks]
-    a2a = [r["time"].get("a2a_wait_s", 0) for r in ranks]
-    flops = [r["work"]["flops"] for r in ranks]
-    mean = sum(flops) / len(flops)
-    row.update(forward_s=fwd, backward_s=bwd, compute_s=max(comp), wait_s=max(wait), a2a_wait_s=max(a2a),
-               wait_ratio=sum(wait) / sum(comp) if sum(comp) > 0 else "",
-               bytes=sum(r["ledger"]["send_bytes"] for r in ranks),
-               gflops=sum(flops) / (fwd + bwd) * 1e-9 if fwd + bwd > 0 else "",
-               tile_pairs=sum(r["work"]["tile_pairs"] for r in ranks),
-               imbalance=max(flops) / mean if mean > 0 else "")
-    if "check" in rep:
-        errs = [e for e in rep["check"]["max_rel_err"].values() if e is not None]
-        row["max_error"] = max(errs) if errs else ""
-if os.path.exists(trace):
-    steps = [json.loads(l) for l in open(trace) if l.strip()]
-    f = [s for s in steps if s.get("pass") == "forward"]
-    c = sum(s["compute_s"] for s in f if s.get("phase") != "all-to-all")
-    row["fwd_wait_ratio"] = sum(s["wait_s"] for s in f) / c if c > 0 else ""
-cols = cols.split()
-fmt = lambda v: f"{v:.6g}" if isinstance(v, float) else str(v)
-print(",".join(fmt(row.get(k, "")) for k in cols))
+cols_measured, config = measured(report, trace)
+row.update(cols_measured)
+row["B"] = config.get("batch", row["B"])
+print(csv_line(row, cols))
 EOF
 }
 
