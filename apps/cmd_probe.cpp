@@ -101,12 +101,7 @@ Command add_probe_command(CLI::App& parent) {
   ProbeConfig& c = *cfg;
   CLI::App* probe = parent.add_subcommand("probe", "measure this machine: bandwidth, compute rate, beta, "
                                                    "predicted and measured comm/compute (under mpirun)");
-  add_integer(probe, "--seq", c.seq, "total positions S (default 1024)");
-  add_integer(probe, "--batch", c.batch, "batch B (default 1)");
-  add_integer(probe, "--heads", c.heads, "query heads H (default 4)");
-  add_integer(probe, "--kv-heads", c.kv_heads, "key/value heads HKV, H % HKV == 0 (default H)");
-  add_integer(probe, "--head-dim", c.head_dim, "head dim D (default 64)");
-  probe->add_option("--dtype", c.dtype, "bf16, f16, f32 or f64 (default f32; bf16 and f16 are stored and sent, f32 computes)");
+  add_shape_options(probe, c, "bf16, f16, f32 or f64 (default f32; bf16 and f16 are stored and sent, f32 computes)");
   probe->add_flag("--causal", c.causal, "causal mask j <= i for the ring run (half the pairs are useful)");
   probe->add_option("--layout", c.layout, "contiguous, striped or zigzag (default contiguous)");
   add_integer(probe, "--min-bytes", c.bw.min_bytes, "smallest message of the bandwidth table")->capture_default_str();

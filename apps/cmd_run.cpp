@@ -15,12 +15,9 @@ Command add_run_command(CLI::App& parent) {
   auto cfg = std::make_shared<runtime::JobConfig>();
   runtime::JobConfig& c = *cfg;
   CLI::App* run = parent.add_subcommand("run", "ring attention forward and backward over the MPI ranks");
-  add_integer(run, "--seq", c.seq, "total positions S (default 1024)");
-  add_integer(run, "--batch", c.batch, "batch B (default 1)");
-  add_integer(run, "--heads", c.heads, "query heads H (default 4)");
-  add_integer(run, "--kv-heads", c.kv_heads, "key/value heads HKV, H % HKV == 0 (default H)");
-  add_integer(run, "--head-dim", c.head_dim, "head dim D (default 64)");
-  run->add_option("--dtype", c.dtype, "bf16, f16, f32 or f64 (default f32, or the --inputs files' type; another type than the files' converts them on load)");
+  add_shape_options(run, c,
+                    "bf16, f16, f32 or f64 (default f32, or the --inputs files' type; another type than the files' "
+                    "converts them on load)");
   run->add_flag("--causal", c.causal, "causal mask j <= i on global positions");
   add_integer(run, "--window", c.window, "causal sliding window W: i-W < j <= i");
   add_integer(run, "--doc-lens", c.doc_lens, "packed documents a,b,... summing to S")->delimiter(',');

@@ -37,4 +37,16 @@ CLI::Option* add_integer(CLI::App* app, const std::string& name, T& target, cons
   return o;
 }
 
+// The shape options `run` and `probe` share (their configs name the fields alike), and --dtype with
+// the command's own help.
+template <class Config>
+void add_shape_options(CLI::App* app, Config& c, const std::string& dtype_help) {
+  add_integer(app, "--seq", c.seq, "total positions S (default 1024)");
+  add_integer(app, "--batch", c.batch, "batch B (default 1)");
+  add_integer(app, "--heads", c.heads, "query heads H (default 4)");
+  add_integer(app, "--kv-heads", c.kv_heads, "key/value heads HKV, H % HKV == 0 (default H)");
+  add_integer(app, "--head-dim", c.head_dim, "head dim D (default 64)");
+  app->add_option("--dtype", c.dtype, dtype_help);
+}
+
 }  // namespace ringattn::app

@@ -72,7 +72,7 @@ void measure_kernel(const comm::Comm& comm, const ProbeConfig& c, Probe& p) {
   p.compute_flops = p.kernel_s > 0 ? work.flops / p.kernel_s : 0;
 }
 
-// One rank's generated shard of q, k, v and dout for the layout (seed 0, as `run` generates them).
+// One rank's generated shard of q, k, v and dout for the layout (what `run` generates at its default --seed 0).
 template <class T>
 struct Shard {
   std::vector<T> q, k, v, dout;

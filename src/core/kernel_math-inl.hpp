@@ -1,0 +1,179 @@
+// The arithmetic of the block kernels for one SIMD target: 2^x (f32) and e^x (f64) without
+// denormals, the softmax of a tile, and the copies that widen stored operands to the
+// accumulation type.
+// Included by block_kernels.cpp once per SIMD target (Highway's foreach_target), hence the
+// toggled guard instead of #pragma once.
+#if defined(RINGATTN_CORE_KERNEL_MATH_INL_HPP_) == defined(HWY_TARGET_TOGGLE)
+#ifdef RINGATTN_CORE_KERNEL_MATH_INL_HPP_
+#undef RINGATTN_CORE_KERNEL_MATH_INL_HPP_
+#else
+#define RINGATTN_CORE_KERNEL_MATH_INL_HPP_
+#endif
+
+#include "hwy/highway.h"
+
+#include <algorithm>
+#include <limits>
+
+#include "ringattn/core/block_attention.hpp"
+
+HWY_BEFORE_NAMESPACE();
+namespace ringattn::core::HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+template <class A>
+using Tag = hn::ScalableTag<A>;
+
+// ---- exp -----------------------------------------------------------------------------------------
+
+// 2^x for x <= 0 in f32: 2^x = 2^n 2^f, n = round(x) by adding 1.5 2^23 (whose low mantissa bits
+// then hold n + 127, the exponent of 2^n), f in [-1/2, 1/2], 2^f by a degree-6 polynomial (about
+// 1 ulp). Below 2^-125 the result is 0, never a denormal (which would slow every product that
+// reads it); -inf gives 0 exactly.
+template <class D>
+HWY_INLINE hn::Vec<D> Exp2(D d, hn::Vec<D> x) {
+  using V = hn::Vec<D>;
+  const hn::RebindToSigned<D> di;
+  const V magic = hn::Set(d, 12582912.0f + 127.0f);
+  const V t = hn::Add(x, magic);
+  const V f = hn::Sub(x, hn::Sub(t, magic));
+  V p = hn::MulAdd(hn::Set(d, 1.535336188319500e-4f), f, hn::Set(d, 1.339887440266574e-3f));
+  p = hn::MulAdd(p, f, hn::Set(d, 9.618437357674640e-3f));
+  p = hn::MulAdd(p, f, hn::Set(d, 5.550332471162809e-2f));
+  p = hn::MulAdd(p, f, hn::Set(d, 2.402264791363012e-1f));
+  p = hn::MulAdd(p, f, hn::Set(d, 6.931472028550421e-1f));
+  p = hn::MulAdd(p, f, hn::Set(d, 1.0f));
+  const V scale = hn::BitCast(d, hn::ShiftLeft<23>(hn::BitCast(di, t)));
+  return hn::IfThenZeroElse(hn::Lt(x, hn::Set(d, -125.0f)), hn::Mul(p, scale));
+}
+
+// e^x for x <= 0 in f64: n = round(x log2 e) by adding 1.5 2^52 (the low bits then hold n + 1023),
+// r = x - n ln 2 in two steps (Cody and Waite), e^r by its degree-12 Taylor polynomial (|r| <= 0.35:
+// about 1 ulp), times 2^n. Below e^-708 the result is 0 (never a denormal); -inf gives 0 exactly.
+template <class D>
+HWY_INLINE hn::Vec<D> Exp(D d, hn::Vec<D> x) {
+  using V = hn::Vec<D>;
+  const hn::RebindToSigned<D> di;
+  const V magic = hn::Set(d, 6755399441055744.0 + 1023.0);
+  const V t = hn::MulAdd(x, hn::Set(d, 1.4426950408889634), magic);
+  const V n = hn::Sub(t, magic);
+  V r = hn::MulAdd(n, hn::Set(d, -6.93147180369123816490e-01), x);
+  r = hn::MulAdd(n, hn::Set(d, -1.90821492927058770002e-10), r);
+  V p = hn::MulAdd(hn::Set(d, 1.0 / 479001600.0), r, hn::Set(d, 1.0 / 39916800.0));
+  p = hn::MulAdd(p, r, hn::Set(d, 1.0 / 3628800.0));
+  p = hn::MulAdd(p, r, hn::Set(d, 1.0 / 362880.0));
+  p = hn::MulAdd(p, r, hn::Set(d, 1.0 / 40320.0));
+  p = hn::MulAdd(p, r, hn::Set(d, 1.0 / 5040.0));
+  p = hn::MulAdd(p, r, hn::Set(d, 1.0 / 720.0));
+  p = hn::MulAdd(p, r, hn::Set(d, 1.0 / 120.0));
+  p = hn::MulAdd(p, r, hn::Set(d, 1.0 / 24.0));
+  p = hn::MulAdd(p, r, hn::Set(d, 1.0 / 6.0));
+  p = hn::MulAdd(p, r, hn::Set(d, 0.5));
+  p = hn::MulAdd(p, r, hn::Set(d, 1.0));
+  p = hn::MulAdd(p, r, hn::Set(d, 1.0));
+  const V scale = hn::BitCast(d, hn::ShiftLeft<52>(hn::BitCast(di, t)));
+  return hn::IfThenZeroElse(hn::Lt(x, hn::Set(d, -708.0)), hn::Mul(p, scale));
+}
+
+// The softmax base: f32 works in base 2 (log2 e folded into the scale, one Exp2 per score); f64 in
+// the natural base.
+template <class A>
+struct Base;
+template <>
+struct Base<float> {
+  static constexpr double kLog = 1.4426950408889634;  // scores times log2(e)
+  template <class D>
+  static HWY_INLINE hn::Vec<D> Pow(D d, hn::Vec<D> x) {
+    return Exp2(d, x);
+  }
+};
+template <>
+struct Base<double> {
+  static constexpr double kLog = 1.0;
+  template <class D>
+  static HWY_INLINE hn::Vec<D> Pow(D d, hn::Vec<D> x) {
+    return Exp(d, x);
+  }
+};
+
+// ---- operands ------------------------------------------------------------------------------------
+
+// An operand in the accumulation type (bf16 and f16 widen exactly to float).
+template <class A, class S>
+HWY_INLINE A widen(S x) {
+  return value_cast<A>(x);
+}
+
+// dst[i, :] = alpha * src[i, :] for n rows of D (row stride D both).
+template <class A, class S>
+void scaled_rows(const S* src, Index n, Index D, A alpha, A* dst) {
+  for (Index e = 0; e < n * D; ++e) dst[e] = alpha * widen<A>(src[e]);
+}
+
+// dst[i, :] = src[i, :] as A for n rows of D (row strides D and ldd).
+template <class A, class S>
+void copy_rows(const S* src, Index n, Index D, A* dst, Index ldd) {
+  for (Index i = 0; i < n; ++i)
+    for (Index d = 0; d < D; ++d) dst[i * ldd + d] = widen<A>(src[i * D + d]);
+}
+
+// KT[d, j] = K[j, d] for j < tk (KT row stride ldkt).
+template <class A, class S>
+void transpose_rows(const S* K, Index tk, Index D, A* KT, Index ldkt) {
+  for (Index j = 0; j < tk; ++j)
+    for (Index d = 0; d < D; ++d) KT[d * ldkt + j] = widen<A>(K[j * D + d]);
+}
+
+// ---- pass 2: the softmax of a tile ---------------------------------------------------------------
+
+// Row i of the n x tk tile S (row stride lds) becomes base^(S - mref[i]), times w[i] when kScale;
+// sum[i] = the row's sum (before w) when sum is not null. A row with mref[i] = -inf sees no key:
+// it becomes 0 and its sum 0. One vector per step into one running sum: the polynomial's constants
+// stay in registers on every target (16 on AVX2) and nothing spills; the sum's chain is one add per
+// step, shorter than an exponential's throughput. The lanes past tk are left as they are.
+template <bool kScale, class A>
+void exp_tile(A* S, Index n, Index tk, Index lds, const A* mref, const A* w, A* sum) {
+  const Tag<A> d;
+  using V = hn::Vec<decltype(d)>;
+  const Index N = static_cast<Index>(hn::Lanes(d));
+  const Index whole = tk / N * N;
+  const auto tail = hn::FirstN(d, static_cast<size_t>(tk - whole));
+  for (Index i = 0; i < n; ++i) {
+    A* x = S + i * lds;
+    if (mref[i] == -std::numeric_limits<A>::infinity()) {
+      std::fill_n(x, tk, A(0));
+      if (sum) sum[i] = A(0);
+      continue;
+    }
+    const V vm = hn::Set(d, mref[i]);
+    [[maybe_unused]] const V vw = hn::Set(d, kScale ? w[i] : A(1));
+    V acc = hn::Zero(d);
+    for (Index j = 0; j < whole; j += N) {
+      const V e = Base<A>::Pow(d, hn::Sub(hn::LoadU(d, x + j), vm));
+      acc = hn::Add(acc, e);
+      hn::StoreU(kScale ? hn::Mul(e, vw) : e, d, x + j);
+    }
+    if (whole < tk) {
+      const V e = hn::IfThenElseZero(tail, Base<A>::Pow(d, hn::Sub(hn::LoadU(d, x + whole), vm)));
+      acc = hn::Add(acc, e);
+      hn::BlendedStore(kScale ? hn::Mul(e, vw) : e, tail, d, x + whole);
+    }
+    if (sum) sum[i] = hn::GetLane(hn::SumOfLanes(d, acc));
+  }
+}
+
+// x[i] = base^x[i] for i < n.
+template <class A>
+void pow_rows(A* x, Index n) {
+  const Tag<A> d;
+  const Index N = static_cast<Index>(hn::Lanes(d));
+  for (Index i = 0; i < n; i += N) {
+    const auto mask = hn::FirstN(d, static_cast<size_t>(std::min<Index>(N, n - i)));
+    hn::BlendedStore(Base<A>::Pow(d, hn::MaskedLoad(mask, d, x + i)), mask, d, x + i);
+  }
+}
+
+}  // namespace ringattn::core::HWY_NAMESPACE
+HWY_AFTER_NAMESPACE();
+
+#endif  // RINGATTN_CORE_KERNEL_MATH_INL_HPP_
