@@ -312,6 +312,7 @@ plan_verdict plan_recommended recommended"
 import json, subprocess, sys
 (N, S, H, HKV, D, dtype, causal, status, strategy, U, platform, mode, wall, pflops, pbw, p, binary, report, trace,
  cols, scripts) = sys.argv[1:]
+sys.dont_write_bytecode = True  # nothing written into the source tree
 sys.path.insert(0, scripts)
 from report_row import csv_line, measured
 causal = causal == "1"

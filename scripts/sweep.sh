@@ -139,6 +139,7 @@ row() {  # row N S mask layout strategy U status report trace
   /usr/bin/python3 - "$@" "$BIN" "$HEADS" "$KV_HEADS" "$HEAD_DIM" "$DTYPE" "$CSV_COLUMNS" "$ROOT/scripts" <<'EOF'
 import json, subprocess, sys
 N, S, mask, layout, strategy, U, status, report, trace, binary, H, HKV, D, dtype, cols, scripts = sys.argv[1:]
+sys.dont_write_bytecode = True  # nothing written into the source tree
 sys.path.insert(0, scripts)
 from report_row import csv_line, measured
 causal = mask == "causal"
