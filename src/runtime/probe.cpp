@@ -72,11 +72,12 @@ void measure_kernel(const comm::Comm& comm, const ProbeConfig& c, Probe& p) {
   p.compute_flops = p.kernel_s > 0 ? work.flops / p.kernel_s : 0;
 }
 
-// One rank's generated shard of q, k, v and dout for the layout (what `run` generates at its default --seed 0).
+// One rank's generated shard of q, k, v (and dout for a backward) for the layout (what `run`
+// generates at its default --seed 0).
 template <class T>
 struct Shard {
   std::vector<T> q, k, v, dout;
-  Shard(const core::Shape& s, const core::Layout& layout, int rank) {
+  Shard(const core::Shape& s, const core::Layout& layout, int rank, bool with_dout) {
     const Index Lr = layout.size(rank);
     const auto runs = layout.runs(rank);
     auto make = [&](std::vector<T>& x, core::InputTensor t, Index heads) {
@@ -86,7 +87,7 @@ struct Shard {
     make(q, core::InputTensor::q, s.H);
     make(k, core::InputTensor::k, s.HKV);
     make(v, core::InputTensor::v, s.HKV);
-    make(dout, core::InputTensor::dout, s.H);
+    if (with_dout) make(dout, core::InputTensor::dout, s.H);
   }
 };
 
@@ -111,7 +112,7 @@ void measure_ring(const comm::Comm& comm, const ProbeConfig& c, const core::Layo
                   Probe& p) {
   const core::Shape& s = p.shape;
   const int N = comm.size();
-  const Shard<T> in(s, layout, comm.rank());
+  const Shard<T> in(s, layout, comm.rank(), false);  // forward only
   RingAttention<T> ring(comm, setup_for(s, layout, mask, StrategyKind::ring, 1));
   ring.load(in.q.data(), in.k.data(), in.v.data());
   struct Sample {
@@ -172,7 +173,7 @@ std::vector<StrategyProbe> strategy_list(const ProbeConfig& c, Index H, int N) {
 template <class T>
 void measure_strategy(const comm::Comm& comm, const ProbeConfig& c, const core::Layout& layout,
                       const core::Mask& mask, const core::Shape& s, StrategyProbe& x) {
-  const Shard<T> in(s, layout, comm.rank());
+  const Shard<T> in(s, layout, comm.rank(), true);
   auto st = make_strategy<T>(comm, setup_for(s, layout, mask, parse_strategy(x.strategy), x.ulysses_degree));
   st->load(in.q.data(), in.k.data(), in.v.data());
   st->load_dout(in.dout.data());
