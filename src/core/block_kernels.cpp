@@ -193,10 +193,10 @@ void delta_impl(const Packing& pk, const S* dout, const A* o, A* delta) {
   }
 }
 
-// The peak of this core's FMA units for A: independent chains of fused multiply-adds, the best
-// rate over repetitions for `seconds`.
+// The peak of this core's FMA units for A: independent chains of fused multiply-adds for `seconds`
+// in windows of about 2 ms; the best window's rate, or (sustained) the rate over the whole time.
 template <class A>
-double fma_peak_impl(double seconds) {
+double fma_peak_impl(double seconds, bool sustained) {
   const Tag<A> d;
   using V = hn::Vec<decltype(d)>;
   // Distinct starting values the compiler cannot see, and a result it must keep: twelve chains it
@@ -204,8 +204,9 @@ double fma_peak_impl(double seconds) {
   static volatile A init[12] = {A(1), A(2), A(3), A(4), A(5), A(6), A(7), A(8), A(9), A(10), A(11), A(12)};
   [[maybe_unused]] static volatile A sink;
   const V a = hn::Set(d, A(0.999999)), x = hn::Set(d, A(1e-6));
-  double best = 0;
-  const auto t_end = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+  double best = 0, flops = 0;
+  const auto t_start = std::chrono::steady_clock::now();
+  const auto t_end = t_start + std::chrono::duration<double>(seconds);
   constexpr long kIters = 1 << 20;
   do {
     V c0 = hn::Set(d, init[0]), c1 = hn::Set(d, init[1]), c2 = hn::Set(d, init[2]), c3 = hn::Set(d, init[3]);
@@ -229,9 +230,12 @@ double fma_peak_impl(double seconds) {
     const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     const V s0 = hn::Add(hn::Add(hn::Add(c0, c1), hn::Add(c2, c3)), hn::Add(hn::Add(c4, c5), hn::Add(c6, c7)));
     sink = hn::GetLane(hn::Add(s0, hn::Add(hn::Add(c8, c9), hn::Add(c10, c11))));
-    best = std::max(best, 2.0 * double(hn::Lanes(d)) * 12.0 * double(kIters) / dt);
+    const double window = 2.0 * double(hn::Lanes(d)) * 12.0 * double(kIters);
+    best = std::max(best, window / dt);
+    flops += window;
   } while (std::chrono::steady_clock::now() < t_end);
-  return best;
+  if (!sustained) return best;
+  return flops / std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
 }
 
 // ---- what the dispatch calls ------------------------------------------------------------------
@@ -254,8 +258,8 @@ RINGATTN_ENTRY_POINTS(F64, double)
 RINGATTN_ENTRY_POINTS(BF16, bf16)
 RINGATTN_ENTRY_POINTS(F16, f16)
 #undef RINGATTN_ENTRY_POINTS
-double FmaPeak(bool f64, double seconds) {
-  return f64 ? fma_peak_impl<double>(seconds) : fma_peak_impl<float>(seconds);
+double FmaPeak(bool f64, double seconds, bool sustained) {
+  return f64 ? fma_peak_impl<double>(seconds, sustained) : fma_peak_impl<float>(seconds, sustained);
 }
 const char* TargetName() { return hwy::TargetName(HWY_TARGET); }
 // Columns a score block covers at once (its row stride must round up to them), and the tiles.
@@ -329,7 +333,10 @@ HWY_EXPORT(DefaultTiling);
 
 namespace simd {
 
-double fma_peak(DType t, double seconds) { return HWY_DYNAMIC_DISPATCH(FmaPeak)(t == DType::f64, seconds); }
+double fma_peak(DType t, double seconds) { return HWY_DYNAMIC_DISPATCH(FmaPeak)(t == DType::f64, seconds, false); }
+double fma_sustained(DType t, double seconds) {
+  return HWY_DYNAMIC_DISPATCH(FmaPeak)(t == DType::f64, seconds, true);
+}
 std::string current() { return HWY_DYNAMIC_DISPATCH(TargetName)(); }
 Index column_block(std::size_t elem_size) { return HWY_DYNAMIC_DISPATCH(ColumnBlock)(elem_size == 8); }
 Tiling default_tiling() { return HWY_DYNAMIC_DISPATCH(DefaultTiling)(); }

@@ -24,6 +24,9 @@ void select_from_environment();
 // The FMA peak of this core in FLOP/s for f32 or f64 on the current target: independent chains of
 // fused multiply-adds, the best rate seen in `seconds`.
 double fma_peak(DType t, double seconds = 0.2);
+// The same chains' rate over the whole of `seconds`: what the core sustains while other tenants of
+// a shared machine take their turns (on an idle core, the peak).
+double fma_sustained(DType t, double seconds);
 
 // The current target's default tiles, and the columns its score kernel covers at once.
 Tiling default_tiling();
