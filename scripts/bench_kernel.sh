@@ -23,15 +23,14 @@ source "$(dirname "$0")/common.sh"
 REPS=5 ROUNDS=3 TARGETS="default,AVX2" CAUSAL=1
 while [ $# -gt 0 ]; do
   case "$1" in
-    --reps) REPS=$2; shift 2 ;;
-    --rounds) ROUNDS=$2; shift 2 ;;
-    --targets) TARGETS=$2; shift 2 ;;
+    --reps) REPS=$(opt_value "$@"); shift 2 ;;
+    --rounds) ROUNDS=$(opt_value "$@"); shift 2 ;;
+    --targets) TARGETS=$(opt_value "$@"); shift 2 ;;
     --no-causal) CAUSAL=0; shift ;;
     *) echo "bench_kernel.sh: unknown option $1" >&2; exit 2 ;;
   esac
 done
-[[ "$REPS" =~ ^[1-9][0-9]*$ ]] || { echo "bench_kernel.sh: --reps: expected a positive integer, got '$REPS'" >&2; exit 2; }
-[[ "$ROUNDS" =~ ^[1-9][0-9]*$ ]] || { echo "bench_kernel.sh: --rounds: expected a positive integer, got '$ROUNDS'" >&2; exit 2; }
+positive_ints --reps "$REPS" --rounds "$ROUNDS"
 [ -x "$BUILD/tests/bench/kernel_bench" ] && [ -x "$BIN" ] || build >/dev/null
 BENCH="$BUILD/tests/bench/kernel_bench"
 

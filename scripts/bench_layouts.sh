@@ -8,15 +8,18 @@ source "$(dirname "$0")/common.sh"
 SEQ=8192 HEADS=4 HEAD_DIM=64 ITERS=3 TIMED="2" COUNTED="4 8"
 while [ $# -gt 0 ]; do
   case "$1" in
-    --seq) SEQ=$2; shift 2 ;;
-    --heads) HEADS=$2; shift 2 ;;
-    --head-dim) HEAD_DIM=$2; shift 2 ;;
-    --iters) ITERS=$2; shift 2 ;;
-    --timed) TIMED=$2; shift 2 ;;
-    --counted) COUNTED=$2; shift 2 ;;
+    --seq) SEQ=$(opt_value "$@"); shift 2 ;;
+    --heads) HEADS=$(opt_value "$@"); shift 2 ;;
+    --head-dim) HEAD_DIM=$(opt_value "$@"); shift 2 ;;
+    --iters) ITERS=$(opt_value "$@"); shift 2 ;;
+    --timed) TIMED=$(opt_value "$@"); shift 2 ;;
+    --counted) COUNTED=$(opt_value "$@"); shift 2 ;;
     *) echo "bench_layouts.sh: unknown option $1" >&2; exit 2 ;;
   esac
 done
+positive_ints --seq "$SEQ" --heads "$HEADS" --head-dim "$HEAD_DIM" --iters "$ITERS"
+for n in $TIMED; do positive_ints --timed "$n"; done
+for n in $COUNTED; do positive_ints --counted "$n"; done
 [ -x "$BIN" ] || build >/dev/null
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT

@@ -8,12 +8,14 @@ source "$(dirname "$0")/common.sh"
 SEQS="16384 65536" N=2 LAYOUT=contiguous
 while [ $# -gt 0 ]; do
   case "$1" in
-    --seqs) SEQS=$2; shift 2 ;;
-    --ranks) N=$2; shift 2 ;;
-    --layout) LAYOUT=$2; shift 2 ;;
+    --seqs) SEQS=$(opt_value "$@"); shift 2 ;;
+    --ranks) N=$(opt_value "$@"); shift 2 ;;
+    --layout) LAYOUT=$(opt_value "$@"); shift 2 ;;
     *) echo "bench_memory.sh: unknown option $1" >&2; exit 2 ;;
   esac
 done
+positive_ints --ranks "$N"
+for s in $SEQS; do positive_ints --seqs "$s"; done
 [ -x "$BIN" ] || build >/dev/null
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT

@@ -11,14 +11,15 @@ source "$(dirname "$0")/common.sh"
 SEQ=8192 HEADS=8 HEAD_DIM=64 ITERS=3 ROUNDS=3
 while [ $# -gt 0 ]; do
   case "$1" in
-    --seq) SEQ=$2; shift 2 ;;
-    --heads) HEADS=$2; shift 2 ;;
-    --head-dim) HEAD_DIM=$2; shift 2 ;;
-    --iters) ITERS=$2; shift 2 ;;
-    --rounds) ROUNDS=$2; shift 2 ;;
+    --seq) SEQ=$(opt_value "$@"); shift 2 ;;
+    --heads) HEADS=$(opt_value "$@"); shift 2 ;;
+    --head-dim) HEAD_DIM=$(opt_value "$@"); shift 2 ;;
+    --iters) ITERS=$(opt_value "$@"); shift 2 ;;
+    --rounds) ROUNDS=$(opt_value "$@"); shift 2 ;;
     *) echo "bench_python.sh: unknown option $1" >&2; exit 2 ;;
   esac
 done
+positive_ints --seq "$SEQ" --heads "$HEADS" --head-dim "$HEAD_DIM" --iters "$ITERS" --rounds "$ROUNDS"
 [ -x "$BIN" ] && [ -d "$BUILD/python/ringattn" ] || build >/dev/null
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT

@@ -25,17 +25,18 @@ source "$(dirname "$0")/common.sh"
 SEQ=8192 HEADS=8 HEAD_DIM=64 ITERS=3 ROUNDS=5 CAUSAL="" TORCH=1 TARGETS=default
 while [ $# -gt 0 ]; do
   case "$1" in
-    --seq) SEQ=$2; shift 2 ;;
-    --heads) HEADS=$2; shift 2 ;;
-    --head-dim) HEAD_DIM=$2; shift 2 ;;
-    --iters) ITERS=$2; shift 2 ;;
-    --rounds) ROUNDS=$2; shift 2 ;;
+    --seq) SEQ=$(opt_value "$@"); shift 2 ;;
+    --heads) HEADS=$(opt_value "$@"); shift 2 ;;
+    --head-dim) HEAD_DIM=$(opt_value "$@"); shift 2 ;;
+    --iters) ITERS=$(opt_value "$@"); shift 2 ;;
+    --rounds) ROUNDS=$(opt_value "$@"); shift 2 ;;
     --causal) CAUSAL="--causal"; shift ;;
     --no-torch) TORCH=0; shift ;;
-    --targets) TARGETS=$2; shift 2 ;;
+    --targets) TARGETS=$(opt_value "$@"); shift 2 ;;
     *) echo "bench_vs_torch.sh: unknown option $1" >&2; exit 2 ;;
   esac
 done
+positive_ints --seq "$SEQ" --heads "$HEADS" --head-dim "$HEAD_DIM" --iters "$ITERS" --rounds "$ROUNDS"
 [ -x "$BIN" ] || build >/dev/null
 CORES=$(nproc)
 tmp=$(mktemp -d)

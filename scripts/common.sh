@@ -16,6 +16,22 @@ build() {  # build [extra cmake args...]
   cmake --build "$BUILD" -j "$JOBS"
 }
 
+# The value after an option, for the scripts' option loops; one line and exit 2 when there is none:
+#   --seq) SEQ=$(opt_value "$@"); shift 2 ;;
+opt_value() {
+  [ $# -ge 2 ] || { echo "$(basename "$0"): $1 needs a value" >&2; exit 2; }
+  printf '%s' "$2"
+}
+
+# positive_ints OPTION VALUE [OPTION VALUE ...]: one line naming the option and exit 2 at the first
+# VALUE that is not an integer >= 1.
+positive_ints() {
+  while [ $# -ge 2 ]; do
+    [[ "$2" =~ ^[1-9][0-9]*$ ]] || { echo "$(basename "$0"): $1: expected a positive integer, got '$2'" >&2; exit 2; }
+    shift 2
+  done
+}
+
 # The strategy list of a sweep: ring, ulysses, usp:U with an integer U >= MIN_U. Prints the first
 # problem as one line and returns 1; the caller exits with it (die).
 check_strategies() {  # check_strategies "LIST" MIN_U

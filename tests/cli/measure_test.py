@@ -329,6 +329,24 @@ def test_sweep_bad_input():
               f"plot.py on a missing file: one line, exit 2 ({p.returncode}: {lines[:2]})")
 
 
+def test_bench_bad_input():
+    """The benchmark scripts refuse a missing value, a value that is not a positive integer and an
+    unknown option with one line naming the option and exit 2, before they build or run anything."""
+    bench_env = dict(env(), RINGATTN_BUILD=os.path.dirname(ARGS.binary))
+    cases = [("bench_kernel.sh", ["--reps", "0"], "--reps"), ("bench_kernel.sh", ["--rounds"], "--rounds"),
+             ("bench_vs_torch.sh", ["--seq", "8k"], "--seq"), ("bench_vs_torch.sh", ["--iters"], "--iters"),
+             ("bench_python.sh", ["--heads", "-1"], "--heads"), ("bench_python.sh", ["--rounds", ""], "--rounds"),
+             ("bench_layouts.sh", ["--counted", "4 x"], "--counted"), ("bench_layouts.sh", ["--head-dim"], "--head-dim"),
+             ("bench_memory.sh", ["--seqs", "16384 0"], "--seqs"), ("bench_memory.sh", ["--ranks", "two"], "--ranks"),
+             ("bench_memory.sh", ["--tiles", "2"], "--tiles")]
+    for script, args, word in cases:
+        p = subprocess.run(["bash", f"{ARGS.root}/scripts/{script}", *args], env=bench_env, capture_output=True,
+                           text=True, timeout=60)
+        lines = [l for l in p.stderr.splitlines() if l.strip()]
+        check(p.returncode == 2 and len(lines) == 1 and word in lines[0] and p.stdout == "",
+              f"{script} {' '.join(args)}: exit 2, one line naming {word}, nothing run ({p.returncode}: {lines[:2]})")
+
+
 if __name__ == "__main__":
     sys.exit(main(globals(), lambda ap: ap.add_argument(
         "--root", default=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))))
