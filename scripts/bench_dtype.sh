@@ -14,13 +14,14 @@ shm_shape="--seq 8192 --heads 4 --kv-heads 2 --head-dim 64 --causal --layout zig
 tcp_shape="--seq 1024 --heads 2 --kv-heads 2 --head-dim 64"
 while [ $# -gt 0 ]; do
   case "$1" in
-    --rounds) rounds="$2"; shift 2 ;;
-    --shm-shape) shm_shape="$2"; shift 2 ;;
-    --tcp-shape) tcp_shape="$2"; shift 2 ;;
+    --rounds) rounds=$(opt_value "$@"); shift 2 ;;
+    --shm-shape) shm_shape=$(opt_value "$@"); shift 2 ;;
+    --tcp-shape) tcp_shape=$(opt_value "$@"); shift 2 ;;
     -h|--help) sed -n '2,9p' "$0"; exit 0 ;;
     *) echo "bench_dtype.sh: unknown option $1 (expected --rounds, --shm-shape, --tcp-shape)" >&2; exit 2 ;;
   esac
 done
+positive_ints --rounds "$rounds"
 [ -x "$BIN" ] || build
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT

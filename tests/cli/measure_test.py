@@ -338,7 +338,8 @@ def test_bench_bad_input():
              ("bench_python.sh", ["--heads", "-1"], "--heads"), ("bench_python.sh", ["--rounds", ""], "--rounds"),
              ("bench_layouts.sh", ["--counted", "4 x"], "--counted"), ("bench_layouts.sh", ["--head-dim"], "--head-dim"),
              ("bench_memory.sh", ["--seqs", "16384 0"], "--seqs"), ("bench_memory.sh", ["--ranks", "two"], "--ranks"),
-             ("bench_memory.sh", ["--tiles", "2"], "--tiles")]
+             ("bench_memory.sh", ["--tiles", "2"], "--tiles"), ("bench_dtype.sh", ["--rounds", "1.5"], "--rounds"),
+             ("bench_dtype.sh", ["--tcp-shape"], "--tcp-shape")]
     for script, args, word in cases:
         p = subprocess.run(["bash", f"{ARGS.root}/scripts/{script}", *args], env=bench_env, capture_output=True,
                            text=True, timeout=60)
