@@ -3,11 +3,11 @@
 #
 # Part 1, kernel_bench on one core: before every repetition the FMA peak is measured (12
 # independent chains of fused multiply-adds, the best 2 ms window of 0.2 s), then the kernel runs;
-# each row shows the kernel's GFLOP/s, that peak and the percentage, medians over --reps, the best
-# repetition's percentage (other tenants of a shared machine only slow the kernel), and "% sust": the
-# kernel's rate over the rate the same chains sustain for as long as the kernel ran, right after it
-# (on a shared machine both lose the other tenants' turns; on an idle core it equals "% peak"). It
-# runs twice: with the target the kernels use by default (the best
+# each row shows the kernel's GFLOP/s, that peak and the percentage, medians over --reps; "best",
+# the best repetition's rate over the best peak (other tenants of a shared machine only slow a
+# repetition); and "% sust", the kernel's rate over the rate the same chains sustain for as long as
+# the kernel ran, right after it (on a shared machine both lose the other tenants' turns; on an idle
+# core it equals "% peak"). It runs twice: with the target the kernels use by default (the best
 # this CPU runs) and with RINGATTN_SIMD=AVX2 forced, so one x86 machine with AVX-512 shows both x86
 # paths (on a CPU without AVX-512 the two runs coincide).
 # Shapes: S = 4096 and 8192 queries x as many keys, H = 8, D = 64 and 128, f32; f64 at D = 64 and

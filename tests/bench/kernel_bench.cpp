@@ -8,11 +8,11 @@
 // RINGATTN_SIMD names), every one this CPU runs (all), or those named. For each target, each shape
 // and each pass, `reps` repetitions; each repetition measures the FMA peak (12 independent chains of
 // fused multiply-adds for 0.2 s, the best 2 ms window's rate) right before the kernel, and the
-// ratio is taken per repetition. The table shows medians, and beside each percentage the best
-// repetition's (--best: every column from the best repetition, for tuning). "% sust" is the kernel's
-// rate over the rate the same chains sustain for as long as the kernel ran, right after it: on a
-// shared machine the other tenants slow both alike (the best window sees none of them), on an idle
-// core the two peaks agree. The kernel
+// ratio is taken per repetition. The table shows medians; "best" is the best repetition's rate
+// over the best peak (--best: every column from the best repetition, for tuning); "% sust" is the
+// kernel's rate over the rate the same chains sustain for as long as the kernel ran, right after
+// it: on a shared machine the other tenants slow both (the best window sees none of them), on an
+// idle core the two peaks agree. The kernel
 // computes one rank's queries against one block as `ringattn run --seq S` does at N=1: S queries x
 // S keys x H heads (HKV = H), unmasked unless --causal. Flops as FlashAttention counts them: forward
 // 4 S^2 H D, backward 2.5x that (halved work under --causal).
@@ -61,7 +61,7 @@ bool g_best = false;
 
 struct Rates {
   double fwd = 0, bwd = 0, fwd_peak = 0, bwd_peak = 0, fwd_ratio = 0, bwd_ratio = 0;
-  double fwd_best = 0, bwd_best = 0;  // the best repetition's ratio
+  double fwd_best = 0, bwd_best = 0;  // the best repetition's rate over the best peak
   double fwd_sust = 0, bwd_sust = 0;  // the ratio to the rate the FMA chains sustain right after
 };
 
@@ -110,11 +110,14 @@ Rates measure(Index S, Index H, Index D, bool causal, int reps, const Tiling& ti
     bq.push_back(wb.flops / tb / peak_b);
     bs.push_back(wb.flops / tb / sust_b);
   }
-  // Noise from other tenants only slows a repetition (the register-only peak does not see cache or
-  // memory contention), so the best ratio is what the kernel does undisturbed; the median is typical.
+  // Noise from other tenants only slows a repetition, the kernel and the peak alike, so the best
+  // repetition's kernel rate over the best peak is what the kernel does undisturbed (the best of the
+  // per-repetition ratios would pick a repetition whose peak was slowed); the median is typical.
   auto best = [](const std::vector<double>& x) { return x.empty() ? 0.0 : *std::max_element(x.begin(), x.end()); };
-  if (g_best) return {best(fr), best(br), best(fp), best(bp), best(fq), best(bq), best(fq), best(bq), best(fs), best(bs)};
-  return {median(fr), median(br), median(fp), median(bp), median(fq), median(bq), best(fq), best(bq), median(fs),
+  auto ratio = [](double a, double b) { return b > 0 ? a / b : 0.0; };
+  const double fwd_best = ratio(best(fr), best(fp)), bwd_best = ratio(best(br), best(bp));
+  if (g_best) return {best(fr), best(br), best(fp), best(bp), fwd_best, bwd_best, fwd_best, bwd_best, best(fs), best(bs)};
+  return {median(fr), median(br), median(fp), median(bp), median(fq), median(bq), fwd_best, bwd_best, median(fs),
           median(bs)};
 }
 
