@@ -9,6 +9,7 @@
 
 #include "mpi_util.hpp"
 #include "ringattn/comm/comm.hpp"
+#include "ringattn/comm/simulation.hpp"
 #include "ringattn/core/errors.hpp"
 
 namespace ringattn::comm {
@@ -27,6 +28,7 @@ constexpr bool kBlockingCollectives = false;
 }  // namespace
 
 Environment::Environment(int* argc, char*** argv) {
+  share_layouts();  // simulated ranks: one copy of each layout's tables per process
   int initialised = 0;
   MPI_Initialized(&initialised);
   if (initialised) return;

@@ -3,10 +3,12 @@
 #include <mpi.h>
 
 #include <cstdlib>
+#include <string>
 #include <unordered_set>
 
 #include "ringattn/core/aligned.hpp"
 #include "ringattn/core/errors.hpp"
+#include "ringattn/core/layout.hpp"
 
 #ifdef RINGATTN_SMPI
 #include <smpi/smpi.h>
@@ -52,6 +54,19 @@ void unfold(void* p) {
 
 void fold_large_buffers() { core::set_large_buffer_source({fold, unfold}); }
 
+namespace {
+// SMPI's store of shared results (SMPI_SHARED_CALL's), which lives in SimGrid, once per process.
+constexpr const char* kLayouts = "ringattn layout tables";
+const void* find_layout(const std::string& key) {
+  return smpi_shared_known_call(kLayouts, key.c_str()) ? smpi_shared_get_call(kLayouts, key.c_str()) : nullptr;
+}
+void keep_layout(const std::string& key, const void* tables) {
+  smpi_shared_set_call(kLayouts, key.c_str(), const_cast<void*>(tables));
+}
+}  // namespace
+
+void share_layouts() { core::set_layout_store({find_layout, keep_layout}); }
+
 #else
 
 bool simulated() { return false; }
@@ -60,6 +75,7 @@ void charge_flops(double) {
   throw RuntimeFailure("timing-only compute needs the SimGrid/SMPI build (scripts/simulate.sh)");
 }
 void fold_large_buffers() {}
+void share_layouts() {}
 
 #endif
 

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "ringattn/core/errors.hpp"
 
@@ -23,7 +24,32 @@ const char* layout_name(LayoutKind k) {
   return "?";
 }
 
-Layout::Layout(LayoutKind kind, std::vector<int> owner) : kind_(kind), owner_(std::move(owner)) {}
+namespace {
+LayoutStore g_store;
+}  // namespace
+
+void set_layout_store(LayoutStore store) { g_store = store; }
+
+template <class Owner>
+Layout Layout::build(LayoutKind kind, int ranks, std::string key, Owner&& owner) {
+  using Shared = std::shared_ptr<const Tables>;
+  if (g_store.find)
+    if (const void* found = g_store.find(key)) return Layout(kind, *static_cast<const Shared*>(found), std::move(key));
+  auto t = std::make_shared<Tables>();
+  owner(t->owner);
+  const Index S = static_cast<Index>(t->owner.size());
+  // sizes, local indices and the per-rank position lists, from the owner map
+  t->sizes.assign(ranks, 0);
+  t->local.resize(S);
+  for (Index p = 0; p < S; ++p) t->local[p] = t->sizes[t->owner[p]]++;
+  t->offsets.assign(ranks + 1, 0);
+  for (int r = 0; r < ranks; ++r) t->offsets[r + 1] = t->offsets[r] + t->sizes[r];
+  t->positions.resize(S);
+  for (Index p = 0; p < S; ++p) t->positions[t->offsets[t->owner[p]] + t->local[p]] = p;
+  Shared shared = std::move(t);
+  if (g_store.keep) g_store.keep(key, new Shared(shared));  // kept for the life of the process
+  return Layout(kind, std::move(shared), std::move(key));
+}
 
 // Sizes of `parts` nearly equal pieces of `total`: the first total mod parts are one longer.
 static std::vector<Index> balanced(Index total, Index parts) {
@@ -41,36 +67,27 @@ Layout Layout::partitioned(const std::vector<Index>& sizes) {
     if (n < 0) throw InputError(fmt::format("--partition: size {} is negative (sizes must be >= 0)", n));
     S += n;
   }
-  std::vector<int> owner;
-  owner.reserve(S);
-  for (int r = 0; r < static_cast<int>(sizes.size()); ++r) owner.insert(owner.end(), sizes[r], r);
-  Layout l(LayoutKind::contiguous, std::move(owner));
-  l.sizes_ = sizes;
-  l.build_index();
-  return l;
+  const int N = static_cast<int>(sizes.size());
+  return build(LayoutKind::contiguous, N, fmt::format("contiguous [{}]", fmt::join(sizes, " ")),
+               [&](std::vector<int>& owner) {
+                 owner.reserve(S);
+                 for (int r = 0; r < N; ++r) owner.insert(owner.end(), sizes[r], r);
+               });
 }
 
 Layout Layout::striped(Index S, int N) {
-  std::vector<int> owner(S);
-  for (Index p = 0; p < S; ++p) owner[p] = static_cast<int>(p % N);
-  Layout l(LayoutKind::striped, std::move(owner));
-  l.sizes_.assign(N, 0);
-  l.build_index();
-  return l;
+  return build(LayoutKind::striped, N, fmt::format("striped S={} N={}", S, N), [&](std::vector<int>& owner) {
+    owner.resize(S);
+    for (Index p = 0; p < S; ++p) owner[p] = static_cast<int>(p % N);
+  });
 }
 
 Layout Layout::zigzag(Index S, int N) {
-  std::vector<Index> chunk = balanced(S, 2 * Index{N});
-  std::vector<int> owner;
-  owner.reserve(S);
-  for (Index c = 0; c < 2 * N; ++c) {
-    int r = static_cast<int>(c < N ? c : 2 * N - 1 - c);
-    owner.insert(owner.end(), chunk[c], r);
-  }
-  Layout l(LayoutKind::zigzag, std::move(owner));
-  l.sizes_.assign(N, 0);
-  l.build_index();
-  return l;
+  return build(LayoutKind::zigzag, N, fmt::format("zigzag S={} N={}", S, N), [&](std::vector<int>& owner) {
+    const std::vector<Index> chunk = balanced(S, 2 * Index{N});
+    owner.reserve(S);
+    for (Index c = 0; c < 2 * N; ++c) owner.insert(owner.end(), chunk[c], static_cast<int>(c < N ? c : 2 * N - 1 - c));
+  });
 }
 
 Layout Layout::make(LayoutKind kind, Index S, int N, const std::vector<Index>& partition) {
@@ -85,31 +102,19 @@ Layout Layout::make(LayoutKind kind, Index S, int N, const std::vector<Index>& p
 Layout Layout::grouped(const Layout& l, int U) {
   if (U < 1 || l.ranks() % U != 0)
     throw InputError(fmt::format("a group of {} ranks does not divide {} ranks", U, l.ranks()));
-  std::vector<int> owner(l.owner_);
-  for (int& o : owner) o /= U;
-  Layout g(l.kind_, std::move(owner));
-  g.sizes_.assign(l.ranks() / U, 0);
-  g.build_index();
-  return g;
+  return build(l.kind_, l.ranks() / U, fmt::format("{} grouped by {}", l.key_, U), [&](std::vector<int>& owner) {
+    owner = l.t_->owner;
+    for (int& o : owner) o /= U;
+  });
 }
 
-// Derive sizes, local indices and per-rank position lists from the owner map.
-void Layout::build_index() {
-  const int N = static_cast<int>(sizes_.size());
-  const Index S = seq();
-  std::fill(sizes_.begin(), sizes_.end(), 0);
-  local_.resize(S);
-  for (Index p = 0; p < S; ++p) local_[p] = sizes_[owner_[p]]++;
-  offsets_.assign(N + 1, 0);
-  for (int r = 0; r < N; ++r) offsets_[r + 1] = offsets_[r] + sizes_[r];
-  positions_.resize(S);
-  for (Index p = 0; p < S; ++p) positions_[offsets_[owner_[p]] + local_[p]] = p;
+Index Layout::max_size() const {
+  return t_->sizes.empty() ? 0 : *std::max_element(t_->sizes.begin(), t_->sizes.end());
 }
-
-Index Layout::max_size() const { return sizes_.empty() ? 0 : *std::max_element(sizes_.begin(), sizes_.end()); }
 
 std::span<const Index> Layout::positions(int r) const {
-  return {positions_.data() + offsets_[r], static_cast<std::size_t>(offsets_[r + 1] - offsets_[r])};
+  const std::vector<Index>& off = t_->offsets;
+  return {t_->positions.data() + off[r], static_cast<std::size_t>(off[r + 1] - off[r])};
 }
 
 std::vector<Run> Layout::runs(int r) const {

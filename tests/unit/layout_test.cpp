@@ -2,7 +2,10 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <map>
 #include <numeric>
+#include <string>
 
 #include "ringattn/core/errors.hpp"
 
@@ -116,4 +119,36 @@ TEST(Layout, GroupedTakesTheUnionOfConsecutiveRanks) {
   EXPECT_EQ(Layout::grouped(z, 1).sizes(), z.sizes());
   EXPECT_EQ(Layout::grouped(z, 4).sizes(), std::vector<Index>{16});
   EXPECT_THROW(Layout::grouped(z, 3), ringattn::InputError);
+}
+
+namespace {
+// A layout store like the simulation's: what keep() was given, by key.
+std::map<std::string, const void*> g_kept;
+const void* find_kept(const std::string& key) {
+  auto it = g_kept.find(key);
+  return it == g_kept.end() ? nullptr : it->second;
+}
+void keep(const std::string& key, const void* tables) { g_kept[key] = tables; }
+}  // namespace
+
+TEST(Layout, EqualLayoutsShareTablesThroughTheStoreAndOnlyThey) {
+  g_kept.clear();
+  set_layout_store({find_kept, keep});
+  const Layout a = Layout::zigzag(64, 4), b = Layout::zigzag(64, 4);
+  EXPECT_EQ(a.positions(1).data(), b.positions(1).data());  // one copy of the tables
+  const Layout c = Layout::zigzag(64, 8), d = Layout::striped(64, 4), e = Layout::contiguous(64, 4);
+  const Layout f = Layout::partitioned({16, 16, 16, 16}), h = Layout::partitioned({10, 22, 16, 16});
+  for (const Layout* o : {&c, &d, &e, &h}) EXPECT_NE(a.positions(0).data(), o->positions(0).data());
+  EXPECT_EQ(e.positions(2).data(), f.positions(2).data());  // contiguous(64, 4) is that partition
+  const Layout g1 = Layout::grouped(a, 2), g2 = Layout::grouped(b, 2), g4 = Layout::grouped(a, 4);
+  EXPECT_EQ(g1.positions(0).data(), g2.positions(0).data());
+  EXPECT_NE(g1.positions(0).data(), g4.positions(0).data());
+  EXPECT_NE(Layout::grouped(c, 2).positions(0).data(), g1.positions(0).data());
+  set_layout_store({});
+  const Layout own = Layout::zigzag(64, 4);  // without a store: tables of its own, the same values
+  EXPECT_NE(own.positions(1).data(), a.positions(1).data());
+  for (const Layout* l : {&a, &c, &d, &e, &h, &g1, &g4, &own}) expect_consistent(*l);
+  for (int r = 0; r < 4; ++r)
+    EXPECT_TRUE(std::equal(own.positions(r).begin(), own.positions(r).end(), a.positions(r).begin(),
+                           a.positions(r).end()));
 }

@@ -29,4 +29,10 @@ void charge_flops(double flops);
 // only a job that never reads its data may call this. Per rank; no effect outside the simulation.
 void fold_large_buffers();
 
+// From now on, layouts of equal parameters share one copy of their tables across the simulated
+// ranks (core::set_layout_store on SMPI's store of shared results): their contents are real and
+// the same on every rank, 20 bytes per position, which 1024 ranks would otherwise each hold.
+// Per rank (every comm::Environment calls it); no effect outside the simulation.
+void share_layouts();
+
 }  // namespace ringattn::comm

@@ -4,7 +4,8 @@
 //   striped:    position p belongs to rank p mod N.
 //   zigzag:     S cut into 2N chunks (first S mod 2N one longer); rank r owns chunks r and 2N-1-r.
 // A rank stores its positions in increasing global order; local index = rank of the position
-// within that order. Everything here is O(S) at most.
+// within that order. Everything here is O(S) at most; copies of a Layout share its tables.
+#include <memory>
 #include <span>
 #include <string>
 #include <vector>
@@ -36,25 +37,43 @@ class Layout {
   static Layout grouped(const Layout& l, int U);
 
   LayoutKind kind() const { return kind_; }
-  int ranks() const { return static_cast<int>(sizes_.size()); }
-  Index seq() const { return static_cast<Index>(owner_.size()); }
-  Index size(int r) const { return sizes_[r]; }
+  int ranks() const { return static_cast<int>(t_->sizes.size()); }
+  Index seq() const { return static_cast<Index>(t_->owner.size()); }
+  Index size(int r) const { return t_->sizes[r]; }
   Index max_size() const;
-  const std::vector<Index>& sizes() const { return sizes_; }
+  const std::vector<Index>& sizes() const { return t_->sizes; }
   std::span<const Index> positions(int r) const;
-  int owner(Index p) const { return owner_[p]; }
-  Index local_index(Index p) const { return local_[p]; }
+  int owner(Index p) const { return t_->owner[p]; }
+  Index local_index(Index p) const { return t_->local[p]; }
   std::vector<Run> runs(int r) const;
 
  private:
-  Layout(LayoutKind kind, std::vector<int> owner);
-  void build_index();
+  struct Tables {
+    std::vector<Index> sizes;      // [N]
+    std::vector<int> owner;        // [S]
+    std::vector<Index> local;      // [S]
+    std::vector<Index> offsets;    // [N+1] into positions
+    std::vector<Index> positions;  // concatenated, rank-major, increasing within a rank
+  };
+  Layout(LayoutKind kind, std::shared_ptr<const Tables> t, std::string key)
+      : kind_(kind), t_(std::move(t)), key_(std::move(key)) {}
+  // The layout `key` names, from the layout store when it has one, else from owner() (the owner of
+  // each position for `ranks` ranks), then offered to the store.
+  template <class Owner>
+  static Layout build(LayoutKind kind, int ranks, std::string key, Owner&& owner);
   LayoutKind kind_;
-  std::vector<Index> sizes_;
-  std::vector<int> owner_;       // [S]
-  std::vector<Index> local_;     // [S]
-  std::vector<Index> offsets_;   // [N+1] into positions_
-  std::vector<Index> positions_; // concatenated, rank-major, increasing within a rank
+  std::shared_ptr<const Tables> t_;
+  std::string key_;  // what built the tables (kind and parameters), so equal layouts can share them
 };
+
+// Where layouts of equal parameters share their tables: the simulated ranks of one process each
+// build the same layouts, 20 bytes per position each (10 GiB for 1024 ranks at S = 512K).
+// find(key) returns what keep(key, tables) was given, or null; both opaque. Without a store (the
+// default) every layout has tables of its own.
+struct LayoutStore {
+  const void* (*find)(const std::string& key) = nullptr;
+  void (*keep)(const std::string& key, const void* tables) = nullptr;
+};
+void set_layout_store(LayoutStore store);
 
 }  // namespace ringattn::core
