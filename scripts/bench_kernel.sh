@@ -9,7 +9,11 @@
 # the kernel ran, right after it (on a shared machine both lose the other tenants' turns; on an idle
 # core it equals "% peak"). It runs twice: with the target the kernels use by default (the best
 # this CPU runs) and with RINGATTN_SIMD=AVX2 forced, so one x86 machine with AVX-512 shows both x86
-# paths (on a CPU without AVX-512 the two runs coincide).
+# paths (on a CPU without AVX-512 the two runs coincide). A second table per run shows the passes
+# undisturbed: one forward piece of the default tiles on warm operands, the score product, the
+# accumulate and the exponentials each timed apart, the best of 3000, over the better of the peaks
+# measured just before and after (on a shared machine the first table moves with the other tenants;
+# this one much less).
 # Shapes: S = 4096 and 8192 queries x as many keys, H = 8, D = 64 and 128, f32; f64 at D = 64 and
 # 128 for S = 4096. Flops as FlashAttention counts them (forward 4 S^2 H D, backward 2.5x).
 #
@@ -43,6 +47,7 @@ for t in "${targets[@]}"; do
     echo "## default target"
     env -u RINGATTN_SIMD "$BENCH" --seqs 4096,8192 --heads 8 --head-dims 64,128 --dtypes f32 --reps "$REPS"
     env -u RINGATTN_SIMD "$BENCH" --seqs 4096 --heads 8 --head-dims 64,128 --dtypes f64 --reps "$REPS" | tail -n +3
+    env -u RINGATTN_SIMD "$BENCH" --pieces --head-dims 64,128 --dtypes f32,f64
   else
     echo "## RINGATTN_SIMD=$t"
     if ! RINGATTN_SIMD="$t" "$BENCH" --seqs 64 --heads 1 --head-dims 8 --dtypes f32 --reps 1 --forward-only \
@@ -52,6 +57,7 @@ for t in "${targets[@]}"; do
     fi
     RINGATTN_SIMD="$t" "$BENCH" --seqs 4096,8192 --heads 8 --head-dims 64,128 --dtypes f32 --reps "$REPS"
     RINGATTN_SIMD="$t" "$BENCH" --seqs 4096 --heads 8 --head-dims 64,128 --dtypes f64 --reps "$REPS" | tail -n +3
+    RINGATTN_SIMD="$t" "$BENCH" --pieces --head-dims 64,128 --dtypes f32,f64
   fi
 done
 

@@ -37,6 +37,7 @@
 #include "core/tile_products-inl.hpp"  // register blocking, score and accumulate products
 #include "core/tile_walk.hpp"
 #include "ringattn/core/block_attention.hpp"
+#include "ringattn/core/simd.hpp"
 
 HWY_BEFORE_NAMESPACE();
 namespace ringattn::core::HWY_NAMESPACE {
@@ -238,6 +239,40 @@ double fma_peak_impl(double seconds, bool sustained) {
   return flops / std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
 }
 
+// The three passes of one forward piece of the default tiles (kTileQ query rows against kTileK
+// keys, head dim D) on warm operands, each timed on its own, the best of `reps`: what the kernels do
+// when nothing else touches the core or its caches. Scores are about N(0, 1), as for unit-variance Q
+// and K at the usual scale.
+template <class A>
+simd::PieceTimes piece_times_impl(Index D, int reps) {
+  Workspace<A> ws(Tiling{kTileQ, kTileK, 32, kTileQ}, D);
+  const Index n = kTileQ, tk = kTileK;
+  for (Index e = 0; e < n * D; ++e) ws.qs[e] = A(std::sin(0.7 * double(e))) / A(std::sqrt(double(D)));
+  for (Index d = 0; d < D; ++d)
+    for (Index j = 0; j < tk; ++j) ws.kt[d * ws.ld + j] = A(std::cos(1.3 * double(d * tk + j)));
+  for (Index j = 0; j < tk; ++j)
+    for (Index d = 0; d < D; ++d) ws.vw[j * ws.ldd + d] = A(std::sin(0.3 * double(j * D + d)));
+  AlignedVector<A> o(n * D, A(0)), c(n, A(1));
+  using clock = std::chrono::steady_clock;
+  auto seconds = [](clock::time_point a, clock::time_point b) { return std::chrono::duration<double>(b - a).count(); };
+  simd::PieceTimes best{1e30, 1e30, 1e30, 2.0 * double(n) * double(tk) * double(D)};
+  for (int r = 0; r < reps; ++r) {
+    const auto t0 = clock::now();
+    scores<Epilogue::max, A>(ws.qs.data(), n, D, D, ws.kt.data(), ws.ld, tk, ws.s.data(), ws.ld, nullptr, nullptr, A(0),
+                             ws.rowmax.data(), ws.vmax.data());
+    const auto t1 = clock::now();
+    exp_tile<false, A>(ws.s.data(), n, tk, ws.ld, ws.rowmax.data(), nullptr, ws.rowsum.data());
+    const auto t2 = clock::now();
+    accumulate<false, A>(ws.s.data(), n, ws.ld, tk, ws.vw.data(), ws.ldd, D, c.data(), o.data(), D);
+    const auto t3 = clock::now();
+    best.score = std::min(best.score, seconds(t0, t1));
+    best.exp = std::min(best.exp, seconds(t1, t2));
+    best.accumulate = std::min(best.accumulate, seconds(t2, t3));
+    std::fill(o.begin(), o.end(), A(0));  // O stays bounded over the repetitions
+  }
+  return best;
+}
+
 // ---- what the dispatch calls ------------------------------------------------------------------
 
 // One entry point per storage type and pass; bf16 and f16 compute in float.
@@ -260,6 +295,9 @@ RINGATTN_ENTRY_POINTS(F16, f16)
 #undef RINGATTN_ENTRY_POINTS
 double FmaPeak(bool f64, double seconds, bool sustained) {
   return f64 ? fma_peak_impl<double>(seconds, sustained) : fma_peak_impl<float>(seconds, sustained);
+}
+simd::PieceTimes TimePiece(bool f64, Index D, int reps) {
+  return f64 ? piece_times_impl<double>(D, reps) : piece_times_impl<float>(D, reps);
 }
 const char* TargetName() { return hwy::TargetName(HWY_TARGET); }
 // Columns a score block covers at once (its row stride must round up to them), and the tiles.
@@ -327,6 +365,7 @@ RINGATTN_INSTANTIATE(f16)
 #undef RINGATTN_INSTANTIATE
 
 HWY_EXPORT(FmaPeak);
+HWY_EXPORT(TimePiece);
 HWY_EXPORT(TargetName);
 HWY_EXPORT(ColumnBlock);
 HWY_EXPORT(DefaultTiling);
@@ -336,6 +375,9 @@ namespace simd {
 double fma_peak(DType t, double seconds) { return HWY_DYNAMIC_DISPATCH(FmaPeak)(t == DType::f64, seconds, false); }
 double fma_sustained(DType t, double seconds) {
   return HWY_DYNAMIC_DISPATCH(FmaPeak)(t == DType::f64, seconds, true);
+}
+PieceTimes piece_times(DType t, Index head_dim, int reps) {
+  return HWY_DYNAMIC_DISPATCH(TimePiece)(t == DType::f64, head_dim, reps);
 }
 std::string current() { return HWY_DYNAMIC_DISPATCH(TargetName)(); }
 Index column_block(std::size_t elem_size) { return HWY_DYNAMIC_DISPATCH(ColumnBlock)(elem_size == 8); }

@@ -2,7 +2,7 @@
 //
 //   kernel_bench [--targets default|all|NAME,...] [--seqs 4096,8192] [--heads 8] [--head-dims 64,128]
 //                [--dtypes f32,f64] [--reps 5] [--causal] [--tile-q N] [--tile-k N] [--chunk N]
-//                [--forward-only] [--best]
+//                [--forward-only] [--best] [--pieces]
 //
 // One core. The targets: the one the kernels use by default (the best this CPU runs, or the one
 // RINGATTN_SIMD names), every one this CPU runs (all), or those named. For each target, each shape
@@ -16,6 +16,7 @@
 // computes one rank's queries against one block as `ringattn run --seq S` does at N=1: S queries x
 // S keys x H heads (HKV = H), unmasked unless --causal. Flops as FlashAttention counts them: forward
 // 4 S^2 H D, backward 2.5x that (halved work under --causal).
+// --pieces prints instead the passes of one forward piece undisturbed (see print_pieces).
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -121,13 +122,50 @@ Rates measure(Index S, Index H, Index D, bool causal, int reps, const Tiling& ti
           median(bs)};
 }
 
+// --pieces: the same passes undisturbed, one forward piece of the default tiles on warm operands,
+// each pass the best of 3000, against the better of the peaks measured just before and after. On a
+// shared machine the whole-run table moves with the other tenants from run to run; this one shows
+// what the kernels themselves reach, and where the forward's time goes.
+int print_pieces(const std::vector<std::string>& targets, const std::vector<std::string>& dtypes,
+                 const std::vector<std::string>& dims) {
+  for (const std::string& t : targets) {
+    try {
+      simd::select(t);
+    } catch (const std::exception& e) {
+      fmt::print(stderr, "kernel_bench: error: {}\n", e.what());
+      return 2;
+    }
+  }
+  fmt::print("# one forward piece of the default tiles on warm operands, each pass the best of 3000, over the FMA "
+             "peak (the better of two, just before and just after);\n"
+             "# exp: the exponentials' time over the two products' at the peak\n");
+  fmt::print("{:<8} {:>5} {:>4}  {:>8} {:>7} {:>7} {:>6} {:>7}\n", "target", "dtype", "D", "peak", "score", "accum",
+             "exp", "piece");
+  for (const std::string& t : targets) {
+    simd::select(t);
+    for (const std::string& dt : dtypes)
+      for (const std::string& d : dims) {
+        const DType type = dt == "f64" ? DType::f64 : DType::f32;
+        const double before = simd::fma_peak(type, 0.2);
+        const simd::PieceTimes p = simd::piece_times(type, std::stoll(d), 3000);
+        const double peak = std::max(before, simd::fma_peak(type, 0.2));
+        const double at_peak = p.product_flops / peak;  // one product's time at the peak
+        fmt::print("{:<8} {:>5} {:>4}  {:>8.1f} {:>6.1f}% {:>6.1f}% {:>5.1f}% {:>6.1f}%\n", simd::current(), dt, d,
+                   peak * 1e-9, 100 * at_peak / p.score, 100 * at_peak / p.accumulate, 100 * p.exp / (2 * at_peak),
+                   100 * 2 * at_peak / (p.score + p.exp + p.accumulate));
+        std::fflush(stdout);
+      }
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) try {
   std::string targets = "default", seqs = "4096,8192", dims = "64,128", dtypes = "f32,f64";
   Index H = 8;
   int reps = 5;
-  bool causal = false, forward_only = false;
+  bool causal = false, forward_only = false, pieces = false;
   Tiling tiling;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -147,6 +185,7 @@ int main(int argc, char** argv) try {
     else if (a == "--causal") causal = true;
     else if (a == "--forward-only") forward_only = true;
     else if (a == "--best") g_best = true;
+    else if (a == "--pieces") pieces = true;
     else if (a == "--tile-q") tiling.q_rows = std::stoll(value());
     else if (a == "--tile-k") tiling.k_cols = std::stoll(value());
     else if (a == "--chunk") tiling.chunk_rows = std::stoll(value());
@@ -166,6 +205,7 @@ int main(int argc, char** argv) try {
   if (targets == "all") run = available;
   else if (targets == "default") run = {simd::current()};
   else run = split(targets);
+  if (pieces) return print_pieces(run, split(dtypes), split(dims));
   fmt::print("# one core; FMA peak measured before every repetition; medians of {} repetitions{}\n", reps,
              causal ? "; causal" : "");
   fmt::print("{:<8} {:>5} {:>6} {:>4} {:>4}  {:>9} {:>8} {:>7} {:>6} {:>6}  {:>9} {:>8} {:>7} {:>6} {:>6}\n", "target",

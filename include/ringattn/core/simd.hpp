@@ -28,6 +28,16 @@ double fma_peak(DType t, double seconds = 0.2);
 // a shared machine take their turns (on an idle core, the peak).
 double fma_sustained(DType t, double seconds);
 
+// One forward piece of the default tiles (a query tile against a K/V tile, head dim D) on warm
+// operands, its three passes timed apart, the best of `reps`, in seconds: the score product
+// S = Q' K^T with its row max, the exponentials P = base^(S - m) with their row sums, and the
+// accumulate O = c O + P V. Each product has `product_flops` (2 x rows x keys x D). What the kernels
+// do undisturbed, for benchmarks on machines whose other tenants make whole-run rates swing.
+struct PieceTimes {
+  double score = 0, exp = 0, accumulate = 0, product_flops = 0;
+};
+PieceTimes piece_times(DType t, Index head_dim, int reps = 1000);
+
 // The current target's default tiles, and the columns its score kernel covers at once.
 Tiling default_tiling();
 Index column_block(std::size_t elem_size);
