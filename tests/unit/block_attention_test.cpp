@@ -52,6 +52,22 @@ TEST(BlockAttention, DispatchPicksTheBestTargetThisCpuRuns) {
   EXPECT_EQ(simd::current(), targets.front());
 }
 
+// The benchmark's piece timing: on every target, each of the three passes takes time and the
+// product's flops are those of the target's default tiles at that head dim.
+TEST(BlockAttention, PieceTimesCoverTheDefaultTiles) {
+  on_every_target([] {
+    const Tiling t = simd::default_tiling();
+    for (const DType type : {DType::f32, DType::f64})
+      for (const Index D : {Index(17), Index(64)}) {
+        const simd::PieceTimes p = simd::piece_times(type, D, 2);
+        EXPECT_GT(p.score, 0.0);
+        EXPECT_GT(p.exp, 0.0);
+        EXPECT_GT(p.accumulate, 0.0);
+        EXPECT_EQ(p.product_flops, 2.0 * double(t.q_rows) * double(t.k_cols) * double(D));
+      }
+  });
+}
+
 struct Global {
   Shape s;
   std::vector<double> q, k, v, dout;
