@@ -24,11 +24,6 @@ namespace {
 template <class T>
 constexpr T kNegInf = -std::numeric_limits<T>::infinity();
 
-// The kernels' units: f32 keeps its running max in log2 (log2 e folded into the scale), f64 in the
-// natural log.
-template <class T>
-constexpr bool kBase2 = sizeof(T) == 4;
-
 // Elements past the last column of a tile row, room for the widest column block of any target
 // (three vectors of 2048-bit SVE), so loads and stores of a whole block stay inside the buffer.
 constexpr Index kPad = 256;
@@ -115,8 +110,8 @@ void finalize_forward(const Packing& pk, OnlineState<A> st, A* lse) {
     }
     const A inv = A(1) / st.l[r];
     for (Index d = 0; d < D; ++d) a[d] *= inv;
-    lse[r] = kBase2<A> ? A((double(st.m[r]) + std::log2(double(st.l[r]))) * 0.6931471805599453)
-                       : st.m[r] + std::log(st.l[r]);
+    // the kernels keep the running max in log2 units (log2 e folded into the scale)
+    lse[r] = A((double(st.m[r]) + std::log2(double(st.l[r]))) * 0.6931471805599453);
   }
 }
 

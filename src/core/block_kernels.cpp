@@ -5,7 +5,7 @@
 // (register blocking, the score and accumulate products).
 //
 // For one head group (b, g), with R query rows per chunk, TQ per tile, TK keys per tile:
-//   forward:  per chunk, Q' = alpha Q as A once (alpha = scale, times log2 e in f32);
+//   forward:  per chunk, Q' = alpha Q as A once (alpha = scale times log2 e);
 //             per K/V tile, K transposed and V copied as A once;
 //             per piece: pass 1 S = Q' K^T, the row max kept as it is stored;
 //                        pass 2 m' = max(m, rowmax), P = 2^(S - m'), l' = c l + sum P, c = 2^(m - m');
@@ -52,7 +52,7 @@ Work forward_impl(const QueryShard<S>& q, const KVBlock<S>& kv, const Mask& mask
   Work work;
   if (!block_visible(mask, q.pos, kv.pos)) return work;
   const Tiling& t = ws.tiling;
-  const A alpha = static_cast<A>(double(scale) * Base<A>::kLog);
+  const A alpha = static_cast<A>(double(scale) * kLog2e);
   const Index ldk = ws.ld, lds = ws.ld, ldv = ws.ldd;
   for (Index b = 0; b < q.pk.B; ++b)
     for (Index g = 0; g < q.pk.HKV; ++g) {
@@ -91,13 +91,13 @@ Work forward_impl(const QueryShard<S>& q, const KVBlock<S>& kv, const Mask& mask
                 scores<Epilogue::max, A>(ws.qs.data() + (p.r0 - q0) * D, n, D, D, ws.kt.data() + k0, ldk, tk, Sc, lds,
                                       nullptr, nullptr, A(0), rmax, ws.vmax.data());
               }
-              // pass 2: m' = max(m, rowmax), P = base^(S - m'), l' = c l + sum P, c = base^(m - m')
+              // pass 2: m' = max(m, rowmax), P = 2^(S - m'), l' = c l + sum P, c = 2^(m - m')
               A* m = mg + p.r0;
               A* l = lg + p.r0;
               A* m_new = ws.rowmax.data();  // the row max becomes the new running max
               for (Index i = 0; i < n; ++i) {
                 m_new[i] = std::max(m[i], rmax[i]);
-                // base^(m - m'): 0 on the first visible block, 1 once the max settles, 1 (state kept)
+                // 2^(m - m'): 0 on the first visible block, 1 once the max settles, 1 (state kept)
                 // while nothing is visible yet
                 c[i] = m_new[i] == -std::numeric_limits<A>::infinity() ? A(0) : m[i] - m_new[i];
               }
@@ -124,7 +124,7 @@ Work backward_impl(const GradQueryShard<S>& gq, const KVBlock<S>& kv, const Mask
   Work work;
   if (!block_visible(mask, q.pos, kv.pos)) return work;
   const Tiling& t = ws.tiling;
-  const A alpha = static_cast<A>(double(scale) * Base<A>::kLog);
+  const A alpha = static_cast<A>(double(scale) * kLog2e);
   const Index ld = ws.ld, ldd = ws.ldd;
   for (Index b = 0; b < q.pk.B; ++b)
     for (Index g = 0; g < q.pk.HKV; ++g) {
@@ -153,7 +153,7 @@ Work backward_impl(const GradQueryShard<S>& gq, const KVBlock<S>& kv, const Mask
               A* dS = ws.p.data();
               const A* m = gq.m + ro + p.r0;
               const A* l = gq.l + ro + p.r0;
-              // pass 1: P = base^(S - m) / l, with the forward's own m (S recomputed bit for bit, so
+              // pass 1: P = 2^(S - m) / l, with the forward's own m (S recomputed bit for bit, so
               // S - m <= 0 and P <= 1 however large the logits) and l kept apart
               scores<Epilogue::store, A>(ws.qs.data() + i0 * D, n, D, D, ws.kt.data() + k0, ld, tk, P, ld, nullptr,
                                       nullptr, A(0), nullptr, nullptr);

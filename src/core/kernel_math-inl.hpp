@@ -1,4 +1,4 @@
-// The arithmetic of the block kernels for one SIMD target: 2^x (f32) and e^x (f64) without
+// The arithmetic of the block kernels for one SIMD target: 2^x in f32 and f64 without
 // denormals, the softmax of a tile, and the copies that widen stored operands to the
 // accumulation type.
 // Included by block_kernels.cpp once per SIMD target (Highway's foreach_target), hence the
@@ -47,54 +47,45 @@ HWY_INLINE hn::Vec<D> Exp2(D d, hn::Vec<D> x) {
   return hn::IfThenZeroElse(hn::Lt(x, hn::Set(d, -125.0f)), hn::Mul(p, scale));
 }
 
-// e^x for x <= 0 in f64: n = round(x log2 e) by adding 1.5 2^52 (the low bits then hold n + 1023),
-// r = x - n ln 2 in two steps (Cody and Waite), e^r by its degree-12 Taylor polynomial (|r| <= 0.35:
-// about 1 ulp), times 2^n. Below e^-708 the result is 0 (never a denormal); -inf gives 0 exactly.
+// 2^x for x <= 0 in f64: n = round(x) by adding 1.5 2^52 (the low bits then hold n + 1023), f = x - n
+// in [-1/2, 1/2] exactly, 2^f = e^(f ln 2) by its degree-12 Taylor polynomial (|f ln 2| <= 0.35:
+// about 1 ulp), times 2^n. Below 2^-1021 the result is 0 (never a denormal); -inf gives 0 exactly.
 template <class D>
-HWY_INLINE hn::Vec<D> Exp(D d, hn::Vec<D> x) {
+HWY_INLINE hn::Vec<D> Exp2F64(D d, hn::Vec<D> x) {
   using V = hn::Vec<D>;
   const hn::RebindToSigned<D> di;
   const V magic = hn::Set(d, 6755399441055744.0 + 1023.0);
-  const V t = hn::MulAdd(x, hn::Set(d, 1.4426950408889634), magic);
-  const V n = hn::Sub(t, magic);
-  V r = hn::MulAdd(n, hn::Set(d, -6.93147180369123816490e-01), x);
-  r = hn::MulAdd(n, hn::Set(d, -1.90821492927058770002e-10), r);
-  V p = hn::MulAdd(hn::Set(d, 1.0 / 479001600.0), r, hn::Set(d, 1.0 / 39916800.0));
-  p = hn::MulAdd(p, r, hn::Set(d, 1.0 / 3628800.0));
-  p = hn::MulAdd(p, r, hn::Set(d, 1.0 / 362880.0));
-  p = hn::MulAdd(p, r, hn::Set(d, 1.0 / 40320.0));
-  p = hn::MulAdd(p, r, hn::Set(d, 1.0 / 5040.0));
-  p = hn::MulAdd(p, r, hn::Set(d, 1.0 / 720.0));
-  p = hn::MulAdd(p, r, hn::Set(d, 1.0 / 120.0));
-  p = hn::MulAdd(p, r, hn::Set(d, 1.0 / 24.0));
-  p = hn::MulAdd(p, r, hn::Set(d, 1.0 / 6.0));
-  p = hn::MulAdd(p, r, hn::Set(d, 0.5));
-  p = hn::MulAdd(p, r, hn::Set(d, 1.0));
-  p = hn::MulAdd(p, r, hn::Set(d, 1.0));
+  const V t = hn::Add(x, magic);
+  const V f = hn::Sub(x, hn::Sub(t, magic));
+  // (ln 2)^k / k!, k = 12 down to 0
+  V p = hn::MulAdd(hn::Set(d, 2.5678435993488206e-11), f, hn::Set(d, 4.4455382718708116e-10));
+  p = hn::MulAdd(p, f, hn::Set(d, 7.054911620801123e-09));
+  p = hn::MulAdd(p, f, hn::Set(d, 1.01780860092397e-07));
+  p = hn::MulAdd(p, f, hn::Set(d, 1.321548679014431e-06));
+  p = hn::MulAdd(p, f, hn::Set(d, 1.5252733804059841e-05));
+  p = hn::MulAdd(p, f, hn::Set(d, 1.540353039338161e-04));
+  p = hn::MulAdd(p, f, hn::Set(d, 1.3333558146428443e-03));
+  p = hn::MulAdd(p, f, hn::Set(d, 9.618129107628477e-03));
+  p = hn::MulAdd(p, f, hn::Set(d, 5.550410866482158e-02));
+  p = hn::MulAdd(p, f, hn::Set(d, 2.4022650695910072e-01));
+  p = hn::MulAdd(p, f, hn::Set(d, 6.931471805599453e-01));
+  p = hn::MulAdd(p, f, hn::Set(d, 1.0));
   const V scale = hn::BitCast(d, hn::ShiftLeft<52>(hn::BitCast(di, t)));
-  return hn::IfThenZeroElse(hn::Lt(x, hn::Set(d, -708.0)), hn::Mul(p, scale));
+  return hn::IfThenZeroElse(hn::Lt(x, hn::Set(d, -1021.0)), hn::Mul(p, scale));
 }
 
-// The softmax base: f32 works in base 2 (log2 e folded into the scale, one Exp2 per score); f64 in
-// the natural base.
-template <class A>
-struct Base;
-template <>
-struct Base<float> {
-  static constexpr double kLog = 1.4426950408889634;  // scores times log2(e)
-  template <class D>
-  static HWY_INLINE hn::Vec<D> Pow(D d, hn::Vec<D> x) {
+// The softmax base is 2 for both accumulation types: log2 e is folded into the scale, one 2^x per
+// score, and no reduction by ln 2 is needed (the running max is kept in log2 units).
+constexpr double kLog2e = 1.4426950408889634;
+
+template <class D>
+HWY_INLINE hn::Vec<D> Pow2(D d, hn::Vec<D> x) {
+  if constexpr (sizeof(hn::TFromD<D>) == 4) {
     return Exp2(d, x);
+  } else {
+    return Exp2F64(d, x);
   }
-};
-template <>
-struct Base<double> {
-  static constexpr double kLog = 1.0;
-  template <class D>
-  static HWY_INLINE hn::Vec<D> Pow(D d, hn::Vec<D> x) {
-    return Exp(d, x);
-  }
-};
+}
 
 // ---- operands ------------------------------------------------------------------------------------
 
@@ -126,7 +117,7 @@ void transpose_rows(const S* K, Index tk, Index D, A* KT, Index ldkt) {
 
 // ---- pass 2: the softmax of a tile ---------------------------------------------------------------
 
-// Row i of the n x tk tile S (row stride lds) becomes base^(S - mref[i]), times w[i] when kScale;
+// Row i of the n x tk tile S (row stride lds) becomes 2^(S - mref[i]), times w[i] when kScale;
 // sum[i] = the row's sum (before w) when sum is not null. A row with mref[i] = -inf sees no key:
 // it becomes 0 and its sum 0. One vector per step into one running sum: the polynomial's constants
 // stay in registers on every target (16 on AVX2) and nothing spills; the sum's chain is one add per
@@ -149,12 +140,12 @@ void exp_tile(A* S, Index n, Index tk, Index lds, const A* mref, const A* w, A* 
     [[maybe_unused]] const V vw = hn::Set(d, kScale ? w[i] : A(1));
     V acc = hn::Zero(d);
     for (Index j = 0; j < whole; j += N) {
-      const V e = Base<A>::Pow(d, hn::Sub(hn::LoadU(d, x + j), vm));
+      const V e = Pow2(d, hn::Sub(hn::LoadU(d, x + j), vm));
       acc = hn::Add(acc, e);
       hn::StoreU(kScale ? hn::Mul(e, vw) : e, d, x + j);
     }
     if (whole < tk) {
-      const V e = hn::IfThenElseZero(tail, Base<A>::Pow(d, hn::Sub(hn::LoadU(d, x + whole), vm)));
+      const V e = hn::IfThenElseZero(tail, Pow2(d, hn::Sub(hn::LoadU(d, x + whole), vm)));
       acc = hn::Add(acc, e);
       hn::BlendedStore(kScale ? hn::Mul(e, vw) : e, tail, d, x + whole);
     }
@@ -162,14 +153,14 @@ void exp_tile(A* S, Index n, Index tk, Index lds, const A* mref, const A* w, A* 
   }
 }
 
-// x[i] = base^x[i] for i < n.
+// x[i] = 2^x[i] for i < n.
 template <class A>
 void pow_rows(A* x, Index n) {
   const Tag<A> d;
   const Index N = static_cast<Index>(hn::Lanes(d));
   for (Index i = 0; i < n; i += N) {
     const auto mask = hn::FirstN(d, static_cast<size_t>(std::min<Index>(N, n - i)));
-    hn::BlendedStore(Base<A>::Pow(d, hn::MaskedLoad(mask, d, x + i)), mask, d, x + i);
+    hn::BlendedStore(Pow2(d, hn::MaskedLoad(mask, d, x + i)), mask, d, x + i);
   }
 }
 
