@@ -256,7 +256,7 @@ simd::PieceTimes piece_times_impl(Index D, int reps) {
   using clock = std::chrono::steady_clock;
   auto seconds = [](clock::time_point a, clock::time_point b) { return std::chrono::duration<double>(b - a).count(); };
   simd::PieceTimes best{1e30, 1e30, 1e30, 2.0 * double(n) * double(tk) * double(D)};
-  for (int r = 0; r < reps; ++r) {
+  for (int r = 0; r < std::max(reps, 1); ++r) {
     const auto t0 = clock::now();
     scores<Epilogue::max, A>(ws.qs.data(), n, D, D, ws.kt.data(), ws.ld, tk, ws.s.data(), ws.ld, nullptr, nullptr, A(0),
                              ws.rowmax.data(), ws.vmax.data());
