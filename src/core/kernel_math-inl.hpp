@@ -14,6 +14,7 @@
 
 #include <algorithm>
 #include <limits>
+#include <span>
 
 #include "ringattn/core/block_attention.hpp"
 
@@ -26,66 +27,49 @@ using Tag = hn::ScalableTag<A>;
 
 // ---- exp -----------------------------------------------------------------------------------------
 
-// 2^x for x <= 0 in f32: 2^x = 2^n 2^f, n = round(x) by adding 1.5 2^23 (whose low mantissa bits
-// then hold n + 127, the exponent of 2^n), f in [-1/2, 1/2], 2^f by a degree-6 polynomial (about
-// 1 ulp). Below 2^-125 the result is 0, never a denormal (which would slow every product that
-// reads it); -inf gives 0 exactly.
+// The constants of 2^x per type: the rounding shift 1.5 2^m (m mantissa bits), whose low bits then
+// hold n + bias; the least x whose result is kept; the polynomial for 2^f, highest degree first.
+template <class T>
+struct Exp2Consts;
+template <>
+struct Exp2Consts<float> {  // degree 6, about 1 ulp
+  static constexpr float kMagic = 12582912.0f + 127.0f, kMin = -125.0f;
+  static constexpr int kMantissa = 23;
+  static constexpr float kPoly[] = {1.535336188319500e-4f, 1.339887440266574e-3f, 9.618437357674640e-3f,
+                                    5.550332471162809e-2f, 2.402264791363012e-1f, 6.931472028550421e-1f, 1.0f};
+};
+template <>
+struct Exp2Consts<double> {  // (ln 2)^k / k!, the degree-12 Taylor polynomial of e^(f ln 2), about 1 ulp
+  static constexpr double kMagic = 6755399441055744.0 + 1023.0, kMin = -1021.0;
+  static constexpr int kMantissa = 52;
+  static constexpr double kPoly[] = {2.5678435993488206e-11, 4.4455382718708116e-10, 7.054911620801123e-09,
+                                     1.01780860092397e-07,   1.321548679014431e-06,  1.5252733804059841e-05,
+                                     1.540353039338161e-04,  1.3333558146428443e-03, 9.618129107628477e-03,
+                                     5.550410866482158e-02,  2.4022650695910072e-01, 6.931471805599453e-01,
+                                     1.0};
+};
+
+// 2^x for x <= 0 in f32 or f64: 2^x = 2^n 2^f, n = round(x) by adding 1.5 2^m (whose low mantissa
+// bits then hold n + bias, the exponent of 2^n), f = x - n in [-1/2, 1/2] exactly, 2^f by the type's
+// polynomial (|f ln 2| <= 0.35). Below the least kept x (2^-125 in f32, 2^-1021 in f64) the result
+// is 0, never a denormal (which would slow every product that reads it); -inf gives 0 exactly.
 template <class D>
 HWY_INLINE hn::Vec<D> Exp2(D d, hn::Vec<D> x) {
   using V = hn::Vec<D>;
+  using C = Exp2Consts<hn::TFromD<D>>;
   const hn::RebindToSigned<D> di;
-  const V magic = hn::Set(d, 12582912.0f + 127.0f);
+  const V magic = hn::Set(d, C::kMagic);
   const V t = hn::Add(x, magic);
   const V f = hn::Sub(x, hn::Sub(t, magic));
-  V p = hn::MulAdd(hn::Set(d, 1.535336188319500e-4f), f, hn::Set(d, 1.339887440266574e-3f));
-  p = hn::MulAdd(p, f, hn::Set(d, 9.618437357674640e-3f));
-  p = hn::MulAdd(p, f, hn::Set(d, 5.550332471162809e-2f));
-  p = hn::MulAdd(p, f, hn::Set(d, 2.402264791363012e-1f));
-  p = hn::MulAdd(p, f, hn::Set(d, 6.931472028550421e-1f));
-  p = hn::MulAdd(p, f, hn::Set(d, 1.0f));
-  const V scale = hn::BitCast(d, hn::ShiftLeft<23>(hn::BitCast(di, t)));
-  return hn::IfThenZeroElse(hn::Lt(x, hn::Set(d, -125.0f)), hn::Mul(p, scale));
-}
-
-// 2^x for x <= 0 in f64: n = round(x) by adding 1.5 2^52 (the low bits then hold n + 1023), f = x - n
-// in [-1/2, 1/2] exactly, 2^f = e^(f ln 2) by its degree-12 Taylor polynomial (|f ln 2| <= 0.35:
-// about 1 ulp), times 2^n. Below 2^-1021 the result is 0 (never a denormal); -inf gives 0 exactly.
-template <class D>
-HWY_INLINE hn::Vec<D> Exp2F64(D d, hn::Vec<D> x) {
-  using V = hn::Vec<D>;
-  const hn::RebindToSigned<D> di;
-  const V magic = hn::Set(d, 6755399441055744.0 + 1023.0);
-  const V t = hn::Add(x, magic);
-  const V f = hn::Sub(x, hn::Sub(t, magic));
-  // (ln 2)^k / k!, k = 12 down to 0
-  V p = hn::MulAdd(hn::Set(d, 2.5678435993488206e-11), f, hn::Set(d, 4.4455382718708116e-10));
-  p = hn::MulAdd(p, f, hn::Set(d, 7.054911620801123e-09));
-  p = hn::MulAdd(p, f, hn::Set(d, 1.01780860092397e-07));
-  p = hn::MulAdd(p, f, hn::Set(d, 1.321548679014431e-06));
-  p = hn::MulAdd(p, f, hn::Set(d, 1.5252733804059841e-05));
-  p = hn::MulAdd(p, f, hn::Set(d, 1.540353039338161e-04));
-  p = hn::MulAdd(p, f, hn::Set(d, 1.3333558146428443e-03));
-  p = hn::MulAdd(p, f, hn::Set(d, 9.618129107628477e-03));
-  p = hn::MulAdd(p, f, hn::Set(d, 5.550410866482158e-02));
-  p = hn::MulAdd(p, f, hn::Set(d, 2.4022650695910072e-01));
-  p = hn::MulAdd(p, f, hn::Set(d, 6.931471805599453e-01));
-  p = hn::MulAdd(p, f, hn::Set(d, 1.0));
-  const V scale = hn::BitCast(d, hn::ShiftLeft<52>(hn::BitCast(di, t)));
-  return hn::IfThenZeroElse(hn::Lt(x, hn::Set(d, -1021.0)), hn::Mul(p, scale));
+  V p = hn::Set(d, C::kPoly[0]);
+  for (const auto c : std::span(C::kPoly).subspan(1)) p = hn::MulAdd(p, f, hn::Set(d, c));
+  const V scale = hn::BitCast(d, hn::ShiftLeft<C::kMantissa>(hn::BitCast(di, t)));
+  return hn::IfThenZeroElse(hn::Lt(x, hn::Set(d, C::kMin)), hn::Mul(p, scale));
 }
 
 // The softmax base is 2 for both accumulation types: log2 e is folded into the scale, one 2^x per
 // score, and no reduction by ln 2 is needed (the running max is kept in log2 units).
 constexpr double kLog2e = 1.4426950408889634;
-
-template <class D>
-HWY_INLINE hn::Vec<D> Pow2(D d, hn::Vec<D> x) {
-  if constexpr (sizeof(hn::TFromD<D>) == 4) {
-    return Exp2(d, x);
-  } else {
-    return Exp2F64(d, x);
-  }
-}
 
 // ---- operands ------------------------------------------------------------------------------------
 
@@ -140,12 +124,12 @@ void exp_tile(A* S, Index n, Index tk, Index lds, const A* mref, const A* w, A* 
     [[maybe_unused]] const V vw = hn::Set(d, kScale ? w[i] : A(1));
     V acc = hn::Zero(d);
     for (Index j = 0; j < whole; j += N) {
-      const V e = Pow2(d, hn::Sub(hn::LoadU(d, x + j), vm));
+      const V e = Exp2(d, hn::Sub(hn::LoadU(d, x + j), vm));
       acc = hn::Add(acc, e);
       hn::StoreU(kScale ? hn::Mul(e, vw) : e, d, x + j);
     }
     if (whole < tk) {
-      const V e = hn::IfThenElseZero(tail, Pow2(d, hn::Sub(hn::LoadU(d, x + whole), vm)));
+      const V e = hn::IfThenElseZero(tail, Exp2(d, hn::Sub(hn::LoadU(d, x + whole), vm)));
       acc = hn::Add(acc, e);
       hn::BlendedStore(kScale ? hn::Mul(e, vw) : e, tail, d, x + whole);
     }
@@ -160,7 +144,7 @@ void pow_rows(A* x, Index n) {
   const Index N = static_cast<Index>(hn::Lanes(d));
   for (Index i = 0; i < n; i += N) {
     const auto mask = hn::FirstN(d, static_cast<size_t>(std::min<Index>(N, n - i)));
-    hn::BlendedStore(Pow2(d, hn::MaskedLoad(mask, d, x + i)), mask, d, x + i);
+    hn::BlendedStore(Exp2(d, hn::MaskedLoad(mask, d, x + i)), mask, d, x + i);
   }
 }
 

@@ -122,20 +122,25 @@ Rates measure(Index S, Index H, Index D, bool causal, int reps, const Tiling& ti
           median(bs)};
 }
 
+// Runs the kernels on target t; false (the reason printed) when this build or CPU has no such target.
+bool select_target(const std::string& t) {
+  try {
+    simd::select(t);
+    return true;
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "kernel_bench: error: {}\n", e.what());
+    return false;
+  }
+}
+
 // --pieces: the same passes undisturbed, one forward piece of the default tiles on warm operands,
 // each pass the best of 3000, against the better of the peaks measured just before and after. On a
 // shared machine the whole-run table moves with the other tenants from run to run; this one shows
 // what the kernels themselves reach, and where the forward's time goes.
 int print_pieces(const std::vector<std::string>& targets, const std::vector<std::string>& dtypes,
                  const std::vector<std::string>& dims) {
-  for (const std::string& t : targets) {
-    try {
-      simd::select(t);
-    } catch (const std::exception& e) {
-      fmt::print(stderr, "kernel_bench: error: {}\n", e.what());
-      return 2;
-    }
-  }
+  for (const std::string& t : targets)
+    if (!select_target(t)) return 2;
   fmt::print("# one forward piece of the default tiles on warm operands, each pass the best of 3000, over the FMA "
              "peak (the better of two, just before and just after);\n"
              "# exp: the exponentials' time over the two products' at the peak\n");
@@ -212,12 +217,7 @@ int main(int argc, char** argv) try {
              "dtype", "S", "H", "D", "fwd GF/s", "peak", "% peak", "best", "% sust", "bwd GF/s", "peak", "% peak", "best",
              "% sust");
   for (const std::string& t : run) {
-    try {
-      simd::select(t);
-    } catch (const std::exception& e) {
-      fmt::print(stderr, "kernel_bench: error: {}\n", e.what());
-      return 2;
-    }
+    if (!select_target(t)) return 2;
     for (const std::string& dt : split(dtypes))
       for (const std::string& s : split(seqs))
         for (const std::string& d : split(dims)) {
