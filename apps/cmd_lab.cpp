@@ -1,4 +1,4 @@
-// `ringattn lab`: the two-rank, five-position teaching example on real ranks (mpirun -np 2):
+// `ringattn lab`: the two-rank, five-position worked example on real ranks (mpirun -np 2):
 // every event of the ring printed, checked against the dense float64 reference.
 #include <memory>
 
@@ -14,14 +14,15 @@ Command add_lab_command(CLI::App& parent) {
   auto cfg = std::make_shared<runtime::LabConfig>();
   runtime::LabConfig& c = *cfg;
   CLI::App* lab = parent.add_subcommand(
-      "lab", "the teaching example: five positions on two ranks, every ring event printed (mpirun -np 2)");
+      "lab", "the worked example: five positions on two ranks, every ring event printed (mpirun -np 2)");
   add_integer(lab, "--partition", c.partition,
                   "contiguous shard sizes n0,...,n(N-1) summing to S, one per rank (default 2,3)")
       ->delimiter(',');
   lab->add_flag("--no-causal", [&c](std::int64_t) { c.causal = false; }, "every key visible (default causal j <= i)");
   lab->add_flag("--skip-empty", c.skip_empty,
                 "do not return all-zero dK/dV contributions, and print the bytes saved versus the full protocol");
-  lab->add_option("--inputs", c.inputs, "directory with q.npy k.npy v.npy dout.npy instead of the example's tensors");
+  lab->add_option("--inputs", c.inputs,
+                  "directory with q.npy k.npy v.npy dout.npy instead of the worked example's fixed tensors");
   lab->add_flag("--layer", c.layer,
                 "the whole layer around the ring: q,k,v = X Wq, X Wk, X Wv, Y = O Wo, weight gradients summed over ranks");
   lab->add_option("--report", c.report, "write the JSON report (the `run` format) here");

@@ -1,5 +1,5 @@
-// The words and tables of `ringattn lab`: the walkthrough of the two-rank, five-position example,
-// printed by rank 0 from the data runtime::run_lab gathers.
+// The words and tables of `ringattn lab`: the two-rank, five-position worked example, printed by
+// rank 0 from the data runtime::run_lab gathers.
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -75,7 +75,8 @@ void print_summary(const LabResult& res) {
   const core::Layout& l = res.layout;
   const int N = l.ranks();
   const io::CheckReport& ck = *res.report.check;
-  fmt::print("ringattn lab: the two-rank, five-position walkthrough, {} float64 on N={} ranks, dout = {}\n", s.str(), N,
+  fmt::print("ringattn lab: the two-rank, five-position worked example, {} float64 on N={} ranks, dout = {}\n",
+             s.str(), N,
              res.layer ? fmt::format("dY Wo^T with dY = G/{}", s.B * s.S)
              : res.in.g.empty() ? std::string("dout.npy") : fmt::format("G/{}", s.B * s.S));
   std::string owners;

@@ -49,6 +49,13 @@ std::vector<double> local_slice(const std::vector<double>& g, Index outer, Index
   return x;
 }
 
+// The kernels keep the running max in log2 units for every accumulation type (log2 e is folded
+// into the scale: m2 = max_j S_ij log2 e); the worked example shows m = max_j S_ij, the softmax's
+// own natural units, so m = m2 ln 2. l and a need nothing: 2^(S log2 e - m2) = e^(S - m) term by term.
+constexpr double kLn2 = 0.6931471805599453;
+
+double natural_max(double m_log2) { return m_log2 * kLn2; }  // -inf (no key yet) stays -inf
+
 // Records each event of this rank as a LabEvent, copying the state out of the packed layout.
 class Recorder final : public RingObserver<double> {
  public:
@@ -65,7 +72,7 @@ class Recorder final : public RingObserver<double> {
           for (Index t = 0; t < G; ++t) {
             const Index row = pq.row_group(b, g) + i * G + t;
             const double* a = acc + pq.q_group(b, g) + (i * G + t) * D;
-            LabRow r{b, g * G + t, pos[i], {m[row], l[row]}};
+            LabRow r{b, g * G + t, pos[i], {natural_max(m[row]), l[row]}};
             r.x.insert(r.x.end(), a, a + D);
             e.rows.push_back(std::move(r));
           }
@@ -225,7 +232,7 @@ LabResult run_lab(const comm::Comm& comm, const LabConfig& cfg) {
   agreed(comm, [&] {
     if (cfg.layer && !cfg.inputs.empty())
       throw InputError("--inputs: not with --layer (the lab's layer uses its fixed X, weights and dY)");
-    res.in = cfg.inputs.empty() ? seed_inputs() : detail::read_inputs(cfg.inputs);
+    res.in = cfg.inputs.empty() ? example_inputs() : detail::read_inputs(cfg.inputs);
     if (cfg.layer) res.layer = detail::example_layer(res.in);
     const Shape& s = res.in.shape;
     if (s.S > kMaxSeq || s.B * s.H * s.D > kMaxRowValues)

@@ -1,5 +1,5 @@
-// The two-rank, five-position teaching example's tensors, the lab's small input files, and the
-// layer the example grows into with --layer.
+// The two-rank, five-position worked example's fixed tensors, the lab's small input files, and the
+// layer the worked example grows into with --layer.
 #include <fmt/format.h>
 
 #include <cmath>
@@ -13,7 +13,7 @@ namespace ringattn::runtime {
 
 using core::Shape;
 
-LabInputs seed_inputs() {
+LabInputs example_inputs() {
   // Small, distinct values so that every block's exp mass differs and every output is visibly
   // different from any single block's softmax.
   LabInputs in;
@@ -60,9 +60,9 @@ LabInputs read_inputs(const std::string& dir) {
   return in;
 }
 
-// `lab --layer`: the example's shape with a model dimension M = 2. X takes the example's q values and
-// dY = G/5 takes dout's place; the weights are small fixed matrices. q, k, v and dout of the
-// walkthrough become X Wq, X Wk, X Wv and dY Wo^T (row-vector convention: [1, M] x [M, H*D]).
+// `lab --layer`: the worked example's shape with a model dimension M = 2. X takes the example's q values
+// and dY = G/5 takes dout's place; the weights are small fixed matrices. q, k, v and dout of the
+// worked example become X Wq, X Wk, X Wv and dY Wo^T (row-vector convention: [1, M] x [M, H*D]).
 LabLayer example_layer(LabInputs& in) {
   const Shape& s = in.shape;
   LabLayer L;

@@ -67,8 +67,8 @@ void expect_exact(const LabResult& r) {
 }
 
 // Softmax attention of the given query positions over one K/V block alone, with the kernels the
-// ring uses (block_forward, then finalize): O [rows, D] and LSE [rows]. Seed shape: B=H=HKV=1, so
-// the packed layout is the file layout.
+// ring uses (block_forward, then finalize): O [rows, D] and LSE [rows]. The worked example's shape
+// is B=H=HKV=1, so the packed layout is the file layout.
 struct BlockSoftmax {
   std::vector<double> o, lse;
 };
@@ -118,6 +118,94 @@ std::vector<Index> partition_with_empty_rank() {
 }
 
 }  // namespace
+
+// The running state the forward records, and the table prints, is the softmax's own in natural
+// units whatever base the kernels work in: after each block, m = max_j S_ij and
+// l = sum_j e^(S_ij - m) over the keys folded so far, and a/l is the prefix output. By hand from the
+// example's fixed tensors, S_ij = q_i . k_j / sqrt(2) (D = 2):
+//   q0 after k0 (r0, step 0): q0.k0 = 0.9*0.5 - 0.3*0.1 = 0.42, so m = 0.42/sqrt(2) = 0.296985,
+//     l = 1, a/l = v0 = [1, 0].
+//   q1 after k0, k1 (r0, step 0): q1.k0 = 0.2*0.5 + 0.8*0.1 = 0.18, q1.k1 = -0.2*0.4 + 0.8*0.7 = 0.48,
+//     so m = 0.48/sqrt(2), l = 1 + e^(-0.30/sqrt(2)), a/l = (e^(-0.30/sqrt(2)) v0 + v1) / l.
+//   q2 after k2 (r1, step 0): q2.k2 = -0.5*0.3 - 0.4*0.6 = -0.39, so m = -0.39/sqrt(2), l = 1,
+//     a/l = v2 = [0.5, -0.5].
+//   q2 after k0, k1 too (r1, step 1): q2.k0 = -0.25 + 0.04 = -0.21, q2.k1 = 0.2 + 0.28 = 0.48, so
+//     m = 0.48/sqrt(2), l = 1 + e^(-0.69/sqrt(2)) + e^(-0.87/sqrt(2)) (k0, k2 against k1),
+//     a/l = (v1 + e^(-0.69/sqrt(2)) v0 + e^(-0.87/sqrt(2)) v2) / l.
+// A running max in log2 units would be log2 e times these (0.428459 for q0 after k0).
+TEST(WorkedExample, RunningStateIsInTheSoftmaxsNaturalUnits) {
+  if (ranks() != 2) GTEST_SKIP() << "the worked example's two owners need N=2";
+  const LabResult r = lab({2, 3});
+  const Index D = r.in.shape.D;
+  ASSERT_EQ(D, 2);
+  struct Want {
+    int rank, step;
+    Index pos;
+    double m, l, o0, o1;  // o = a/l
+  };
+  const double s2 = std::sqrt(2.0), e030 = std::exp(-0.30 / s2), e069 = std::exp(-0.69 / s2),
+               e087 = std::exp(-0.87 / s2);
+  const double l1 = 1 + e030, l2 = 1 + e069 + e087;
+  const Want by_hand[] = {
+      {0, 0, 0, 0.42 / s2, 1, 1, 0},
+      {0, 0, 1, 0.48 / s2, l1, e030 / l1, 1 / l1},
+      {1, 0, 2, -0.39 / s2, 1, 0.5, -0.5},
+      {1, 1, 2, 0.48 / s2, l2, (1.0 * e069 + 0.5 * e087) / l2, (1 - 0.5 * e087) / l2},
+  };
+  EXPECT_NEAR(by_hand[0].m, 0.296985, 5e-7) << "the value the worked example states for q0 after k0";
+  for (const Want& w : by_hand) {
+    SCOPED_TRACE(testing::Message() << "q" << w.pos << " on r" << w.rank << " after step " << w.step);
+    const runtime::LabRow* row = nullptr;
+    for (const LabEvent& e : r.events)
+      if (e.kind == LabEventKind::forward_block && e.rank == w.rank && e.step == w.step)
+        for (const auto& x : e.rows)
+          if (x.pos == w.pos) row = &x;
+    ASSERT_NE(row, nullptr);
+    ASSERT_EQ(row->x.size(), std::size_t(2 + D));
+    EXPECT_NEAR(row->x[0], w.m, kExact) << "running max m";
+    EXPECT_NEAR(row->x[1], w.l, kExact) << "exp-sum l";
+    EXPECT_NEAR(row->x[2] / row->x[1], w.o0, kExact) << "a/l";
+    EXPECT_NEAR(row->x[3] / row->x[1], w.o1, kExact) << "a/l";
+  }
+
+  // Every forward row, against the softmax over the keys folded so far computed directly.
+  int checked = 0;
+  for (int rank = 0; rank < 2; ++rank) {
+    std::vector<Index> folded;
+    for (const LabEvent& e : r.events) {
+      if (e.kind != LabEventKind::forward_block || e.rank != rank) continue;
+      for (Index j : r.layout.positions(e.peer)) folded.push_back(j);
+      for (const auto& row : e.rows) {
+        SCOPED_TRACE(testing::Message() << "q" << row.pos << " on r" << rank << " after step " << e.step);
+        const Index i = row.pos;
+        std::vector<Index> keys;
+        for (Index j : folded)
+          if (r.mask.visible(i, j)) keys.push_back(j);
+        ASSERT_FALSE(keys.empty());  // every row sees its own position in its own block, folded first
+        std::vector<double> score;
+        double m = -INFINITY;
+        for (Index j : keys) {
+          double dot = 0;
+          for (Index d = 0; d < D; ++d) dot += r.in.q[i * D + d] * r.in.k[j * D + d];
+          score.push_back(dot * r.scale);
+          m = std::max(m, score.back());
+        }
+        double l = 0;
+        std::vector<double> a(D, 0.0);
+        for (std::size_t n = 0; n < keys.size(); ++n) {
+          const double p = std::exp(score[n] - m);
+          l += p;
+          for (Index d = 0; d < D; ++d) a[d] += p * r.in.v[keys[n] * D + d];
+        }
+        EXPECT_NEAR(row.x[0], m, kExact) << "running max m";
+        EXPECT_NEAR(row.x[1], l, kExact) << "exp-sum l";
+        for (Index d = 0; d < D; ++d) EXPECT_NEAR(row.x[2 + d] / row.x[1], a[d] / l, kExact) << "a/l";
+        ++checked;
+      }
+    }
+  }
+  EXPECT_EQ(checked, 2 * 2 + 3 * 2);  // each rank's rows after each of the two steps
+}
 
 // Position 2, the first position of rank 1, attends rank 0's keys 0 and 1 across the rank
 // boundary: the causal rule compares global positions (2 >= 0, 1), not local indices (position 2

@@ -1,10 +1,10 @@
 #pragma once
-// `ringattn lab`: the two-rank, five-position teaching example on real ranks: five positions,
+// `ringattn lab`: the two-rank, five-position worked example on real ranks: five positions,
 // D=2, B=H=HKV=1, float64, causal; rank 0 owns positions 0,1 and rank 1 owns 2,3,4; dout = G/5
 // for a fixed upstream G. Every event of the ring forward and backward is recorded on the rank
 // that performed it (through RingObserver) and gathered, with the outputs, the dense float64
-// reference and every rank's ledger, so the walkthrough and the experiments on the example
-// (tests/mpi/worked_example_test.cpp) read the same numbers. The words and tables are the
+// reference and every rank's ledger, so the command's tables and the experiments on the worked
+// example (tests/mpi/worked_example_test.cpp) read the same numbers. The words and tables are the
 // command line's; this is the data.
 #include <optional>
 #include <string>
@@ -27,12 +27,12 @@ struct LabConfig {
   // Contiguous shard sizes, one per rank; empty = {floor(S/2), S - floor(S/2)}: the example's {2, 3}.
   std::vector<Index> partition;
   bool causal = true;
-  bool skip_empty = false;  // core::Traffic::skip_empty_grads instead of the full teaching protocol
-  std::string inputs;       // directory with q.npy k.npy v.npy dout.npy; empty = the example's tensors
+  bool skip_empty = false;  // core::Traffic::skip_empty_grads instead of the full protocol (Traffic::full)
+  std::string inputs;       // directory with q.npy k.npy v.npy dout.npy; empty = the example's fixed tensors
   std::string report;       // JSON report file (the `run` format); empty = none
   int drop_grad_step = -1;  // test hook, see RingSetup
   // The whole layer around the same ring: fixed X [1, 5, 2] and weights; q, k, v and
-  // dout become X Wq, X Wk, X Wv and dY Wo^T, and the walkthrough adds the layer's outputs, each
+  // dout become X Wq, X Wk, X Wv and dY Wo^T, and the worked example adds the layer's outputs, each
   // rank's weight-gradient partials, their fixed-order sum and the all-reduce's traffic.
   bool layer = false;
 };
@@ -44,15 +44,19 @@ struct LabInputs {
   std::vector<double> g;  // the upstream G with dout = G / (B S); empty when dout came from a file
 };
 
-// The teaching example's fixed tensors (S=5, D=2, B=H=HKV=1; dout = G / 5).
-LabInputs seed_inputs();
+// The worked example's fixed tensors (S=5, D=2, B=H=HKV=1; dout = G / 5).
+LabInputs example_inputs();
 
 enum class LabEventKind { forward_block = 0, replay_block = 1, grad_sent = 2, grad_received = 3 };
 
 // One query row (forward) or one key of the visiting block (replay), at global position `pos`.
 struct LabRow {
   Index b = 0, head = 0, pos = 0;  // head: query head (forward) or kv head (replay)
-  std::vector<double> x;           // forward: m, l, a[0..D); replay: dK[0..D), dV[0..D)
+  // forward: m, l, a[0..D) after the block, in the softmax's natural units whatever base the kernels
+  // use: m = max_j S_ij and l = sum_j e^(S_ij - m) over the keys folded so far (S_ij = scale q_i.k_j),
+  // a = sum_j e^(S_ij - m) v_j, so a/l is the prefix output; -inf, 0, 0 before any key.
+  // replay: dK[0..D), dV[0..D).
+  std::vector<double> x;
 };
 
 struct LabEvent {
@@ -82,7 +86,7 @@ struct LabLayer {
   double err[6] = {};                             // max relative error: y, dx, dwq, dwk, dwv, dwo
 };
 
-// Everything the walkthrough shows; run_lab returns it whole on every rank.
+// Everything the worked example shows; run_lab returns it whole on every rank.
 struct LabResult {
   LabInputs in;
   core::Layout layout = core::Layout::contiguous(1, 1);
