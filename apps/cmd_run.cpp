@@ -35,22 +35,25 @@ Command add_run_command(CLI::App& parent) {
   add_integer(run, "--warmup", c.warmup, "untimed iterations first (default 0)");
   add_integer(run, "--iters", c.iters, "timed iterations; times are medians (default 1)");
   run->add_option("--trace", c.trace, "write one JSON line per rank per ring step here");
-  run->add_option("--timeout", c.timeout,
+  run->add_option("--timeout", c.timeout_s,
                   "abort (exit 3) when a wait lasts longer than SEC (0 = never; default: 300 s plus ten times the "
                   "job's compute at 1 GFLOP/s)");
   run->add_option("--traffic", c.traffic,
                   "aware: move only blocks and gradients some rank needs (default); full: every block everywhere; "
                   "skip-empty: every block, no all-zero gradient returns");
-  add_integer(run, "--tile-q", c.tiling.q_rows, "query rows per tile (default 128)");
-  add_integer(run, "--tile-k", c.tiling.k_cols, "keys per tile (default 256)");
+  add_integer(run, "--tile-q", c.tiling.q_rows,
+              "query rows per tile (default 0: the SIMD target's own; the report's config.tile_q says which)");
+  add_integer(run, "--tile-k", c.tiling.k_cols,
+              "keys per tile (default 0: the SIMD target's own; the report's config.tile_k says which)");
   add_integer(run, "--tile-strip", c.tiling.strip_rows,
-                  "rows per strip of a partially visible tile, each strip trimmed to the keys it sees (default 32)");
+              "rows per strip of a partially visible tile, each strip trimmed to the keys it sees (default 0: the "
+              "SIMD target's own; the report's config.tile_strip says which)");
 #ifdef RINGATTN_SMPI
   run->add_flag("--timing-only", c.timing_only,
                 "simulation: charge the kernels' counted flops to the simulated hosts instead of computing "
                 "(no outputs, no check)");
 #endif
-  run->add_option("--rope", c.rope, "RoPE (rotate-half) on q and k at global positions, base THETA; D even");
+  run->add_option("--rope", c.rope_theta, "RoPE (rotate-half) on q and k at global positions, base THETA; D even");
   run->add_option("--strategy", c.strategy,
                   "ring (default): K/V blocks around the ring; ulysses: all-to-all over heads (H % N == 0); usp: "
                   "Ulysses groups of U consecutive ranks joined by a ring (--ulysses-degree U)");
@@ -73,10 +76,9 @@ Command add_run_command(CLI::App& parent) {
   cmd.cli = run;
   cmd.run = [cfg, run](comm::Comm* comm) {
     runtime::JobConfig& c = *cfg;
-    if (run->count("--window") && c.window < 1)
-      throw InputError(fmt::format("--window: {} is not a window (expected W >= 1)", c.window));
+    c.dtype_given = run->count("--dtype") > 0;
     if (!c.layer && run->count("--model-dim")) throw InputError("--model-dim: only applies with --layer");
-    comm->set_timeout(c.timeout.value_or(300));  // until the plan gives the job's watchdog
+    comm->set_timeout(c.timeout_s.value_or(300));  // until the plan gives the job's watchdog
     ProgressLine progress;
     if (comm->rank() == 0) {
       c.progress.iteration = [&progress](int it, int n) { progress.iteration(it, n); };

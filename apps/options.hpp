@@ -2,6 +2,7 @@
 // Option values parsed strictly: an integer beyond its type's range is an error naming the option,
 // never a silently saturated value.
 #include "cli.hpp"
+#include "ringattn/runtime/plan.hpp"
 #include <fmt/format.h>
 
 #include <charconv>
@@ -41,11 +42,12 @@ CLI::Option* add_integer(CLI::App* app, const std::string& name, T& target, cons
 // the command's own help.
 template <class Config>
 void add_shape_options(CLI::App* app, Config& c, const std::string& dtype_help) {
-  add_integer(app, "--seq", c.seq, "total positions S (default 1024)");
-  add_integer(app, "--batch", c.batch, "batch B (default 1)");
-  add_integer(app, "--heads", c.heads, "query heads H (default 4)");
+  using namespace runtime;  // the defaults the plan applies
+  add_integer(app, "--seq", c.seq, fmt::format("total positions S (default {})", kDefaultSeq));
+  add_integer(app, "--batch", c.batch, fmt::format("batch B (default {})", kDefaultBatch));
+  add_integer(app, "--heads", c.heads, fmt::format("query heads H (default {})", kDefaultHeads));
   add_integer(app, "--kv-heads", c.kv_heads, "key/value heads HKV, H % HKV == 0 (default H)");
-  add_integer(app, "--head-dim", c.head_dim, "head dim D (default 64)");
+  add_integer(app, "--head-dim", c.head_dim, fmt::format("head dim D (default {})", kDefaultHeadDim));
   app->add_option("--dtype", c.dtype, dtype_help);
 }
 

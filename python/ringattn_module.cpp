@@ -63,9 +63,6 @@ void check_tensors(const std::vector<Index>& q, const std::vector<Index>& k, con
   if (k[0] != q[0] || k[1] != q[1] || k[3] != q[3])
     throw InputError(fmt::format("k: shape {} does not match q's {} (expected [B, L, HKV, D] with q's B, L and D)",
                                  shape_text(k), shape_text(q)));
-  if (k[2] < 1 || q[2] % k[2] != 0)
-    throw InputError(fmt::format("k: q has H = {} heads, not a multiple of k's HKV = {} (expected H % HKV == 0)",
-                                 q[2], k[2]));
 }
 
 template <class T>
@@ -134,7 +131,7 @@ std::uint64_t digest(const std::string& s, std::uint64_t build) {
 class Call {
  public:
   Call(py::object comm, Index seq_len, std::vector<Index> q, std::vector<Index> k, std::vector<Index> v,
-       std::vector<std::string> dtypes, std::string local_error, bool causal, Index window, std::vector<Index> doc_lens,
+       std::vector<std::string> dtypes, std::string local_error, bool causal, std::optional<Index> window, std::vector<Index> doc_lens,
        std::string layout, std::vector<Index> partition, std::optional<double> scale, std::optional<double> rope,
        std::string strategy, std::optional<int> ulysses_degree)
       : q_(std::move(q)), k_(std::move(k)) {
@@ -156,7 +153,7 @@ class Call {
         "N={} S={} B={} H={} HKV={} D={} {} causal={} window={} docs={} {} part={} scale={} rope={} {} U={}", size,
         seq_len, q_.size() == 4 ? q_[0] : -1,
         q_.size() == 4 ? q_[2] : -1, k_.size() == 4 ? k_[2] : -1, q_.size() == 4 ? q_[3] : -1, fmt::join(dtypes, ","),
-        causal, window, fmt::join(o.doc_lens, ","), o.layout, fmt::join(o.partition, ","),
+        causal, window.value_or(0), fmt::join(o.doc_lens, ","), o.layout, fmt::join(o.partition, ","),
         scale ? fmt::format("{:a}", *scale) : "-", rope ? fmt::format("{:a}", *rope) : "-", o.strategy,
         ulysses_degree.value_or(0));
     // The communicator's handle differs between processes: it is this rank's own part of the key.
@@ -180,11 +177,10 @@ class Call {
     ringattn::runtime::agreed(c, [&] {
       if (!local_error.empty()) throw InputError(local_error);
       check_tensors(q_, k_, v, dtypes);
-      if (seq_len < 1) throw InputError(fmt::format("seq_len: {} is not a positive length (expected >= 1)", seq_len));
       o.shape = ringattn::core::Shape{q_[0], seq_len, q_[2], k_[2], q_[3]};
       o.dtype = storage_dtype(dtypes[0]);
     });
-    auto att = std::make_unique<ringattn::Attention>(std::move(c), o);  // collective: checked and agreed on
+    auto att = std::make_unique<ringattn::Attention>(std::move(c), o, ringattn::runtime::python_names());
     const ringattn::core::Layout& l = att->layout();
     ringattn::runtime::agreed(att->comm(), [&] {
       if (q_[1] != att->local_size())
@@ -254,31 +250,11 @@ class Call {
 };
 
 py::array_t<std::int64_t> positions(Index seq_len, int ranks, int rank, const std::string& layout,
-                                    const std::vector<Index>& partition) {
-  if (seq_len < 1) throw InputError(fmt::format("seq_len: {} is not a positive length (expected >= 1)", seq_len));
+                                    const std::vector<Index>& partition, bool causal, std::optional<Index> window) {
   if (ranks < 1) throw InputError(fmt::format("ranks: {} is not >= 1", ranks));
   if (rank < 0 || rank >= ranks) throw InputError(fmt::format("rank: {} is outside 0..{}", rank, ranks - 1));
-  ringattn::core::LayoutKind kind;
-  if (layout == "contiguous") kind = ringattn::core::LayoutKind::contiguous;
-  else if (layout == "striped") kind = ringattn::core::LayoutKind::striped;
-  else if (layout == "zigzag") kind = ringattn::core::LayoutKind::zigzag;
-  else throw InputError(fmt::format("layout: unknown layout '{}' (expected contiguous, striped or zigzag)", layout));
-  if (!partition.empty()) {
-    if (kind != ringattn::core::LayoutKind::contiguous)
-      throw InputError(fmt::format("partition: only applies to the contiguous layout, not {}", layout));
-    if (static_cast<int>(partition.size()) != ranks)
-      throw InputError(fmt::format("partition: has {} sizes for {} ranks (expected one per rank)", partition.size(),
-                                   ranks));
-    Index sum = 0;
-    for (Index n : partition) {
-      if (n < 0) throw InputError(fmt::format("partition: size {} is negative (expected sizes >= 0)", n));
-      sum += n;
-    }
-    if (sum != seq_len)
-      throw InputError(fmt::format("partition: sizes sum to {} but seq_len is {} (expected sum == seq_len)", sum,
-                                   seq_len));
-  }
-  const auto l = ringattn::core::Layout::make(kind, seq_len, ranks, partition);
+  const auto l = ringattn::runtime::make_layout(layout, seq_len, ranks, partition, causal, window.value_or(0),
+                                                ringattn::runtime::python_names());
   const auto p = l.positions(rank);
   py::array_t<std::int64_t> out(static_cast<py::ssize_t>(p.size()));
   std::copy(p.begin(), p.end(), out.mutable_data());
@@ -294,13 +270,13 @@ PYBIND11_MODULE(_ringattn, m) {
   py::register_exception<InputError>(m, "InputError", PyExc_ValueError);
   py::register_exception<ringattn::RuntimeFailure>(m, "RuntimeFailure", PyExc_RuntimeError);
   m.def("positions", &positions, py::arg("seq_len"), py::arg("ranks"), py::arg("rank"), py::arg("layout"),
-        py::arg("partition"));
+        py::arg("partition"), py::arg("causal"), py::arg("window"));
   // Plans kept for reuse: how many calls reused one, and dropping them (their buffers).
   m.def("plans_reused", [] { return plans().hits; });
   m.def("release_plans", [] { plans().clear(); });
   py::class_<Call>(m, "Call")
       .def(py::init<py::object, Index, std::vector<Index>, std::vector<Index>, std::vector<Index>,
-                    std::vector<std::string>, std::string, bool, Index, std::vector<Index>, std::string,
+                    std::vector<std::string>, std::string, bool, std::optional<Index>, std::vector<Index>, std::string,
                     std::vector<Index>, std::optional<double>, std::optional<double>, std::string,
                     std::optional<int>>())
       .def_property_readonly("dtype", &Call::dtype)

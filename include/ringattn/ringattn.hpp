@@ -38,6 +38,7 @@
 #include "ringattn/core/reference.hpp"
 #include "ringattn/core/shape.hpp"
 #include "ringattn/core/storage.hpp"
+#include "ringattn/runtime/plan.hpp"
 
 namespace ringattn {
 
@@ -50,22 +51,9 @@ comm::Comm communicator(const MpiComm& mpi_comm) {
   return comm::Comm::duplicate_of(&mpi_comm);
 }
 
-// What one attention call is. Names as in the Python package.
-struct AttentionOptions {
-  core::Shape shape;                  // the whole problem: B, S, H, HKV, D
-  std::string layout = "contiguous";  // contiguous | striped | zigzag
-  std::vector<Index> partition;       // contiguous only: every rank's number of positions (sum S)
-  bool causal = false;
-  Index window = 0;                   // W > 0: causal sliding window, i - W < j <= i
-  std::vector<Index> doc_lens;        // packed documents (sum S): attention stays within each
-  std::optional<double> scale;        // default 1/sqrt(D)
-  std::optional<double> rope_theta;   // RoPE (rotate-half) on q and k at their global positions
-  std::string strategy = "ring";      // how the ranks share the work
-  std::optional<int> ulysses_degree;  // ranks per all-to-all group of the head-parallel strategies
-  std::string dtype = "f32";          // storage type of q, k, v, dout: f32 | f64 | bf16 | f16
-  double timeout_s = 0;               // watchdog on every wait (seconds); 0: none
-  core::Tiling tiling;                // kernel tiles; zeros: the SIMD target's defaults
-};
+// What one attention call is (runtime/plan.hpp): names as in the Python package, defaults as on
+// the command line (layout "auto"; timeout_s empty: the command line's default watchdog).
+using AttentionOptions = runtime::PlanOptions;
 
 // Outputs to read, in the accumulation type A; an empty span is skipped. Sizes as above.
 template <class A>
@@ -90,6 +78,8 @@ class Attention {
   // Collective over `comm`: checks the options on every rank, and that every rank was given the
   // same ones; builds the layout, the mask and the strategy. Throws InputError on every rank.
   Attention(comm::Comm comm, const AttentionOptions& options);
+  // The same, with errors naming the options in another front end's words (the Python binding's).
+  Attention(comm::Comm comm, const AttentionOptions& options, const runtime::OptionNames& names);
   ~Attention();
   Attention(Attention&&) noexcept;
   Attention& operator=(Attention&&) noexcept;

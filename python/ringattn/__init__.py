@@ -36,14 +36,20 @@ _TORCH_NAME = {torch.float32: "float32", torch.float64: "float64", torch.bfloat1
 _ACCUM = {"f32": torch.float32, "f64": torch.float64, "bf16": torch.float32, "f16": torch.float32}
 
 
-def positions(seq_len, ranks, rank, layout="contiguous", partition=None):
+def positions(seq_len, ranks, rank, layout="auto", partition=None, *, causal=None, window=None):
     """The global positions `rank` of `ranks` owns under `layout`: an increasing int64 array.
 
-    layout: "contiguous" (consecutive ranges; balanced, or `partition` = one size per rank),
-    "striped" (p mod ranks) or "zigzag" (2*ranks chunks; rank r owns chunks r and 2*ranks-1-r).
+    layout: "auto" (attention()'s default: zigzag for a causal mask without a window or a
+    partition, contiguous otherwise; give the same `causal` and `window` as to attention()),
+    "contiguous" (consecutive ranges; balanced, or `partition` = one size per rank), "striped"
+    (p mod ranks) or "zigzag" (2*ranks chunks; rank r owns chunks r and 2*ranks-1-r).
     """
-    return _positions(int(seq_len), int(ranks), int(rank), str(layout),
-                      [int(n) for n in partition] if partition is not None else [])
+    if layout == "auto" and causal is None:
+        raise InputError("positions: layout 'auto' depends on the mask: give causal= (and window=) as to "
+                         "attention(), or name the layout")
+    return _positions(_int_or_none("seq_len", seq_len), _int_or_none("ranks", ranks),
+                      _int_or_none("rank", rank), str(layout), _int_list("partition", partition),
+                      bool(causal), _int_or_none("window", window))
 
 
 def _describe(name, t):
@@ -55,12 +61,13 @@ def _describe(name, t):
     return list(t.shape), _TORCH_NAME.get(t.dtype, str(t.dtype).replace("torch.", "")), ""
 
 
-def _int_or_none(name, x, low):
+def _int_or_none(name, x, low=None):
+    """x as an int (None stays None); `low` bounds arguments the plan does not check itself."""
     if x is None:
         return None
     if isinstance(x, bool) or not isinstance(x, numbers.Integral):
         raise ValueError(f"{name}: {x!r} is not an integer")
-    if int(x) < low:
+    if low is not None and int(x) < low:
         raise ValueError(f"{name}: {int(x)} is not >= {low} (expected an integer >= {low}, or None)")
     return int(x)
 
@@ -97,18 +104,18 @@ def _plan(q, k, v, seq_len, causal, window, doc_lens, layout, partition, scale, 
         dtypes.append(d)
         error = error or e
     # Argument errors are this rank's own until the ranks agree: nothing raises before that.
-    args = dict(seq_len=1, window=0, doc_lens=[], layout="contiguous", partition=[], scale=None,
+    args = dict(seq_len=1, window=None, doc_lens=[], layout="auto", partition=[], scale=None,
                 rope=None, strategy="ring", ulysses_degree=None)
     try:
         if seq_len is None:
             raise ValueError("seq_len: needed (the total sequence length S over all ranks)")
-        args["seq_len"] = _int_or_none("seq_len", seq_len, 1)
-        args["window"] = _int_or_none("window", window, 1) or 0
+        args["seq_len"] = _int_or_none("seq_len", seq_len)
+        args["window"] = _int_or_none("window", window)
         args["doc_lens"] = _int_list("doc_lens", doc_lens)
         args["partition"] = _int_list("partition", partition)
         args["scale"] = _float_or_none("scale", scale)
         args["rope"] = _float_or_none("rope", rope)
-        args["ulysses_degree"] = _int_or_none("ulysses_degree", ulysses_degree, 1)
+        args["ulysses_degree"] = _int_or_none("ulysses_degree", ulysses_degree)
         if not isinstance(layout, str) or not isinstance(strategy, str):
             raise ValueError(f"layout, strategy: {layout!r}, {strategy!r} are not names")
         args["layout"], args["strategy"] = layout, strategy
@@ -158,7 +165,7 @@ class _AttentionFunction(torch.autograd.Function):
         return dq.to(q_dtype), dk.to(k_dtype), dv.to(v_dtype), None
 
 
-def attention_lse(q, k, v, *, seq_len, causal=False, window=None, doc_lens=None, layout="contiguous",
+def attention_lse(q, k, v, *, seq_len, causal=False, window=None, doc_lens=None, layout="auto",
                   partition=None, scale=None, rope=None, strategy="ring", ulysses_degree=None,
                   comm=None):
     """(O, LSE) of this rank's shard; arguments as attention(). LSE [B, H, L] (natural log) is
@@ -168,16 +175,19 @@ def attention_lse(q, k, v, *, seq_len, causal=False, window=None, doc_lens=None,
     return _AttentionFunction.apply(q, k, v, call)
 
 
-def attention(q, k, v, *, seq_len, causal=False, window=None, doc_lens=None, layout="contiguous",
+def attention(q, k, v, *, seq_len, causal=False, window=None, doc_lens=None, layout="auto",
               partition=None, scale=None, rope=None, strategy="ring", ulysses_degree=None, comm=None):
     """This rank's O [B, L, H, D] of softmax(scale * q k^T + mask) v over the whole sequence.
 
     q [B, L, H, D], k, v [B, L, HKV, D]: this rank's shard, its L positions given by
-      positions(seq_len, comm.size, comm.rank, layout, partition); H a multiple of HKV (GQA).
+      positions(seq_len, comm.size, comm.rank, layout, partition, causal=causal, window=window);
+      H a multiple of HKV (GQA).
     seq_len: S, the positions over all ranks.
     causal: j <= i. window: W >= 1, causal sliding window i - W < j <= i.
     doc_lens: packed documents (lengths summing to S); attention stays within each.
-    layout: "contiguous" (with `partition`: one size per rank), "striped" or "zigzag".
+    layout: "auto" (zigzag for a causal mask without a window or partition, contiguous otherwise;
+      the command line's default), "contiguous" (with `partition`: one size per rank), "striped" or
+      "zigzag".
     scale: default 1/sqrt(D). rope: theta (e.g. 10000.0) to rotate q and k at their global
       positions before attending (rotate-half RoPE; gradients are with respect to q, k as given).
     strategy: "ring" (no rule on the shape), "ulysses" (H % N == 0) or "usp" with ulysses_degree U

@@ -30,8 +30,8 @@ class AttentionJob final : public Job {
     // --rope: the strategy attends q and k rotated at their global positions; in_ keeps them as given.
     const S* q = in_[0].data();
     const S* k = in_[1].data();
-    if (c.rope) {
-      rope_.emplace(*c.rope, p.shape, p.layout.positions(comm.rank()), q, k);
+    if (c.rope_theta) {
+      rope_.emplace(*c.rope_theta, p.shape, p.layout.positions(comm.rank()), q, k);
       q = rope_->q();
       k = rope_->k();
     }
@@ -116,7 +116,7 @@ class AttentionJob final : public Job {
     std::vector<double> g[4];
     for (int t = 0; t < 4; ++t) g[t] = global_input<S>(p_.inputs, p_.inputs.specs[t]);
     const core::DenseResult ref =
-        c_.rope ? core::reference_attention_rope(s, p_.mask, p_.scale, *c_.rope, g[0], g[1], g[2], g[3], c_.backward)
+        c_.rope_theta ? core::reference_attention_rope(s, p_.mask, p_.scale, *c_.rope_theta, g[0], g[1], g[2], g[3], c_.backward)
                 : core::reference_attention(s, p_.mask, p_.scale, g[0], g[1], g[2], g[3], c_.backward);
     auto peak = [](const std::vector<double>& v) {
       double m = 0;

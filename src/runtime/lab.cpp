@@ -207,7 +207,7 @@ io::Json config_json(const LabConfig& c, const LabResult& res, int N) {
   run.inputs = c.inputs;
   run.report = c.report;
   run.check = true;
-  run.timeout = kTimeout;
+  run.timeout_s = kTimeout;
   run.tiling = kTiling;
   run.traffic = traffic_name(res.traffic);
   JobPlan plan;
@@ -239,21 +239,27 @@ LabResult run_lab(const comm::Comm& comm, const LabConfig& cfg) {
       throw InputError(fmt::format("lab prints every value: {} is too large (expected S <= {} and B*H*D <= {})",
                                    s.str(), kMaxSeq, kMaxRowValues));
     const std::vector<Index> part = cfg.partition.empty() ? std::vector<Index>{s.S / 2, s.S - s.S / 2} : cfg.partition;
-    if (static_cast<int>(part.size()) != N)
-      throw InputError(fmt::format("lab: the partition {} has {} entries but the job has N={} ranks (expected "
-                                   "mpirun -np {}, or --partition with one size per rank)",
-                                   join(part), part.size(), N, part.size()));
-    Index sum = 0;
-    for (Index n : part) sum += n;
-    res.layout = core::Layout::partitioned(part);  // rejects negative sizes
-    if (sum != s.S)
-      throw InputError(fmt::format("--partition: sizes {} sum to {} but S is {} (expected sum == S)", join(part), sum,
-                                   s.S));
+    if (cfg.partition.empty() && N != 2)
+      throw InputError(fmt::format("lab: the worked example has two owners ({}) but the job has N={} ranks "
+                                   "(expected mpirun -np 2, or --partition with one size per rank)", join(part), N));
+    // The example's plan, by the rules every job follows: f64, contiguous shards, the full
+    // protocol unless --skip-empty.
+    PlanOptions o;
+    o.shape = s;
+    o.dtype = "f64";
+    o.causal = cfg.causal;
+    o.layout = "contiguous";
+    o.partition = part;
+    o.traffic = cfg.skip_empty ? "skip-empty" : "full";
+    o.tiling = kTiling;
+    o.timeout_s = kTimeout;
+    const AttentionPlan plan = make_attention_plan(o, N, cli_names());
+    res.layout = plan.layout;
+    res.mask = plan.mask;
+    res.scale = plan.scale;
+    res.traffic = plan.traffic;
   });
   const Shape& s = res.in.shape;
-  res.mask = core::Mask::make(s.S, cfg.causal, 0, {});
-  res.scale = 1.0 / std::sqrt(double(s.D));
-  res.traffic = cfg.skip_empty ? core::Traffic::skip_empty_grads : core::Traffic::full;
   res.tolerance = cfg.inputs.empty() ? kExampleTolerance : check_tolerance(core::DType::f64);
 
   // The ring, with every event recorded on the rank that performs it.

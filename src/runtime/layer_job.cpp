@@ -35,7 +35,7 @@ class LayerJob final : public LayerJobBase {
     LayerSetup setup;
     setup.attention = strategy_setup(c, p);
     setup.M = p.model_dim;
-    setup.rope = c.rope;
+    setup.rope = c.rope_theta;
     setup.backward = c.backward;
     setup.average_weight_grads = c.average_weight_grads;
     setup.rope_local_positions = c.rope_local_positions;
@@ -117,7 +117,7 @@ class LayerJob final : public LayerJobBase {
     core::LayerTensors g;
     std::vector<double>* dst[6] = {&g.x, &g.wq, &g.wk, &g.wv, &g.wo, &g.dy};
     for (int f = 0; f < 6; ++f) *dst[f] = global_input<A>(p_.inputs, p_.inputs.specs[f]);
-    const core::LayerResult ref = core::reference_layer(p_.shape, p_.model_dim, p_.mask, p_.scale, c_.rope, g,
+    const core::LayerResult ref = core::reference_layer(p_.shape, p_.model_dim, p_.mask, p_.scale, c_.rope_theta, g,
                                                         c_.backward);
     std::vector<ReferenceTensor> out = {{"y", ref.y, 0}};
     if (c_.backward) {
@@ -231,7 +231,7 @@ class LayerJob final : public LayerJobBase {
     allreduce["ranks"] = red_ranks;
     io::Json layer = io::Json::object();
     layer["model_dim"] = M;
-    layer["rope"] = c_.rope ? io::Json(*c_.rope) : io::Json();
+    layer["rope"] = c_.rope_theta ? io::Json(*c_.rope_theta) : io::Json();
     layer["weight_init"] = c_.inputs.empty() ? "N(0,1)/sqrt(fan_in) from --seed" : "--inputs";
     layer["ranks"] = layer_ranks;
     rep.extras["allreduce"] = allreduce;

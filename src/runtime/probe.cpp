@@ -12,6 +12,7 @@
 #include "ringattn/core/simd.hpp"
 #include "ringattn/runtime/agreement.hpp"
 #include "ringattn/runtime/job_config.hpp"
+#include "ringattn/runtime/plan.hpp"
 #include "ringattn/runtime/ring_attention.hpp"
 #include "ringattn/runtime/strategy.hpp"
 
@@ -91,29 +92,26 @@ struct Shard {
   }
 };
 
-// A strategy's setup as `run` makes it: the ring's tiles for its shards; a head-parallel strategy
-// resolves its own.
-StrategySetup setup_for(const core::Shape& s, const core::Layout& layout, const core::Mask& mask, StrategyKind kind,
-                        int ulysses_degree) {
-  StrategySetup setup;
-  setup.shape = s;
-  setup.layout = &layout;
-  setup.mask = &mask;
-  setup.scale = 1.0 / std::sqrt(double(s.D));
-  setup.kind = kind;
-  setup.ulysses_degree = ulysses_degree;
-  if (kind == StrategyKind::ring) setup.tiling = core::resolve_tiling(setup.tiling, s.D, layout.max_size(), s.G());
-  return setup;
+// The plan of `strategy` (with Ulysses degree U, 0: none) for the probe's options, as `run` makes
+// it; OptionError when the strategy's rules forbid it.
+AttentionPlan plan_for(const ProbeConfig& c, const core::Shape& s, int N, const std::string& strategy, int U) {
+  PlanOptions o;
+  o.shape = s;
+  o.dtype = c.dtype;
+  o.causal = c.causal;
+  o.layout = c.layout;
+  o.strategy = strategy;
+  if (U > 0) o.ulysses_degree = U;
+  return make_attention_plan(o, N, cli_names());
 }
 
 // Step 3's measurement: the real ring forward for this shape, a few times.
 template <class T>
-void measure_ring(const comm::Comm& comm, const ProbeConfig& c, const core::Layout& layout, const core::Mask& mask,
-                  Probe& p) {
+void measure_ring(const comm::Comm& comm, const ProbeConfig& c, const AttentionPlan& plan, Probe& p) {
   const core::Shape& s = p.shape;
   const int N = comm.size();
-  const Shard<T> in(s, layout, comm.rank(), false);  // forward only
-  RingAttention<T> ring(comm, setup_for(s, layout, mask, StrategyKind::ring, 1));
+  const Shard<T> in(s, plan.layout, comm.rank(), false);  // forward only
+  RingAttention<T> ring(comm, strategy_setup(plan));
   ring.load(in.q.data(), in.k.data(), in.v.data());
   struct Sample {
     double total, compute, wait;
@@ -141,10 +139,10 @@ void measure_ring(const comm::Comm& comm, const ProbeConfig& c, const core::Layo
 
 // The strategies named, in order; usp once per U (the one given, or every U with 1 < U < N dividing
 // N). Those the rules forbid keep the reason.
-std::vector<StrategyProbe> strategy_list(const ProbeConfig& c, Index H, int N) {
+std::vector<StrategyProbe> strategy_list(const ProbeConfig& c, const core::Shape& s, int N) {
   std::vector<StrategyProbe> out;
   for (const std::string& name : c.strategies) {
-    const StrategyKind k = parse_strategy(name);
+    const StrategyKind k = parse_strategy(name, cli_names());
     std::vector<int> degrees;
     if (k != StrategyKind::usp) degrees = {ulysses_degree(k, 0, N)};
     else if (c.ulysses_degree) degrees = {*c.ulysses_degree};
@@ -162,7 +160,11 @@ std::vector<StrategyProbe> strategy_list(const ProbeConfig& c, Index H, int N) {
       StrategyProbe x;
       x.strategy = name;
       x.ulysses_degree = U;
-      x.forbidden = strategy_rule_violation(k, k == StrategyKind::usp ? U : 0, H, N);
+      try {
+        plan_for(c, s, N, name, k == StrategyKind::usp ? U : 0);
+      } catch (const OptionError& e) {
+        x.forbidden = e.what();
+      }
       out.push_back(x);
     }
   }
@@ -171,10 +173,11 @@ std::vector<StrategyProbe> strategy_list(const ProbeConfig& c, Index H, int N) {
 
 // Forward and backward of one strategy for this shape on the live ranks, a few times.
 template <class T>
-void measure_strategy(const comm::Comm& comm, const ProbeConfig& c, const core::Layout& layout,
-                      const core::Mask& mask, const core::Shape& s, StrategyProbe& x) {
-  const Shard<T> in(s, layout, comm.rank(), true);
-  auto st = make_strategy<T>(comm, setup_for(s, layout, mask, parse_strategy(x.strategy), x.ulysses_degree));
+void measure_strategy(const comm::Comm& comm, const ProbeConfig& c, const core::Shape& s, StrategyProbe& x) {
+  const StrategyKind k = parse_strategy(x.strategy, cli_names());
+  const AttentionPlan plan = plan_for(c, s, comm.size(), x.strategy, k == StrategyKind::usp ? x.ulysses_degree : 0);
+  const Shard<T> in(s, plan.layout, comm.rank(), true);
+  auto st = make_strategy<T>(comm, strategy_setup(plan));
   st->load(in.q.data(), in.k.data(), in.v.data());
   st->load_dout(in.dout.data());
   struct Sample {
@@ -209,14 +212,13 @@ void measure_strategy(const comm::Comm& comm, const ProbeConfig& c, const core::
 }
 
 template <class T>
-Probe probe_typed(const comm::Comm& comm, const ProbeConfig& c, const core::Shape& shape, core::DType dtype) {
+Probe probe_typed(const comm::Comm& comm, const ProbeConfig& c, const AttentionPlan& plan) {
   Probe p;
+  const core::Shape& shape = plan.shape;
   p.shape = shape;
-  p.dtype = dtype;
+  p.dtype = plan.dtype;
   p.N = comm.size();
-  const core::Layout layout = core::Layout::make(core::parse_layout_kind(c.layout), shape.S, p.N);
-  const core::Mask mask = core::Mask::make(shape.S, c.causal, 0, {});
-  p.L = layout.max_size();
+  p.L = plan.layout.max_size();
   const double elem = double(sizeof(T));
   p.block_bytes = 2.0 * double(shape.B) * double(p.L) * double(shape.HKV) * double(shape.D) * elem;
 
@@ -236,19 +238,19 @@ Probe probe_typed(const comm::Comm& comm, const ProbeConfig& c, const core::Shap
   }
   // ... against the real ring: the step's compute inside the ring, and one block's transfer
   // between neighbours timed alone at its exact size, one message in flight as in a ring step.
-  measure_ring<T>(comm, c, layout, mask, p);
+  measure_ring<T>(comm, c, plan, p);
   if (p.N > 1 && p.block_bytes > 0) {
     const comm::BandwidthSample one = comm::ring_transfer(comm, static_cast<std::size_t>(p.block_bytes), 1, c.bw);
     p.measured_step_comm_s = one.time_s;
     p.measured_comm_ratio = p.measured_step_compute_s > 0 ? p.measured_step_comm_s / p.measured_step_compute_s : 0;
   }
   // The strategies, timed; and what the cost model predicts with this machine's figures.
-  p.strategies = strategy_list(c, shape.H, p.N);
+  p.strategies = strategy_list(c, shape, p.N);
   double best = 0;
   for (std::size_t i = 0; i < p.strategies.size(); ++i) {
     StrategyProbe& x = p.strategies[i];
     if (!x.forbidden.empty()) continue;
-    measure_strategy<T>(comm, c, layout, mask, shape, x);
+    measure_strategy<T>(comm, c, shape, x);
     if (p.recommended < 0 || x.forward_s + x.backward_s < best) {
       p.recommended = static_cast<int>(i);
       best = x.forward_s + x.backward_s;
@@ -288,35 +290,22 @@ Probe probe_typed(const comm::Comm& comm, const ProbeConfig& c, const core::Shap
 
 Probe run_probe(const comm::Comm& comm, const ProbeConfig& c) {
   // Every rank validates its options; the ranks agree on the verdict before any message.
-  core::Shape s;
-  core::DType dtype = core::DType::f32;
+  AttentionPlan plan;
   agreed(comm, [&] {
-  s = core::Shape{c.batch.value_or(kDefaultBatch), c.seq.value_or(kDefaultSeq), c.heads.value_or(kDefaultHeads), 0,
-                c.head_dim.value_or(kDefaultHeadDim)};
-  s.HKV = c.kv_heads.value_or(s.H);
-  s.validate();
-  if (const auto t = core::dtype_from_name(c.dtype)) dtype = *t;
-  else throw InputError(fmt::format("--dtype: unknown dtype '{}' (expected bf16, f16, f32 or f64)", c.dtype));
-  core::parse_layout_kind(c.layout);
-  if (c.bw.iters < 1) throw InputError(fmt::format("--iters: {} is not >= 1", c.bw.iters));
-  if (!(c.budget_s > 0))
-    throw InputError(fmt::format("--budget: {} is not a positive time (expected SEC > 0)", c.budget_s));
-  if (c.ulysses_degree && *c.ulysses_degree < 1)
-    throw InputError(fmt::format("--ulysses-degree: {} is not >= 1", *c.ulysses_degree));
-  bool usp = false;
-  for (const std::string& name : c.strategies) usp = usp || parse_strategy(name) == StrategyKind::usp;
-  if (c.ulysses_degree && !usp)
-    throw InputError("--ulysses-degree: only applies when --strategies names usp");
-  const double shard = double(s.B) * double(s.S) / comm.size() * double(2 * s.H + 4 * s.HKV) * s.D * 8.0;
-  if (shard > 64e9) throw InputError(fmt::format("shape {} is too large to probe on one rank", s.str()));
+    if (c.bw.iters < 1) throw InputError(fmt::format("--iters: {} is not >= 1", c.bw.iters));
+    if (!(c.budget_s > 0))
+      throw InputError(fmt::format("--budget: {} is not a positive time (expected SEC > 0)", c.budget_s));
+    core::Shape s{c.batch.value_or(kDefaultBatch), c.seq.value_or(kDefaultSeq), c.heads.value_or(kDefaultHeads), 0,
+                  c.head_dim.value_or(kDefaultHeadDim)};
+    s.HKV = c.kv_heads.value_or(s.H);
+    plan = plan_for(c, s, comm.size(), "ring", 0);
+    bool usp = false;
+    for (const std::string& name : c.strategies) usp = usp || parse_strategy(name, cli_names()) == StrategyKind::usp;
+    if (c.ulysses_degree && *c.ulysses_degree < 1)
+      throw InputError(fmt::format("--ulysses-degree: {} is not >= 1", *c.ulysses_degree));
+    if (c.ulysses_degree && !usp) throw InputError("--ulysses-degree: only applies when --strategies names usp");
   });
-  switch (dtype) {
-    case core::DType::f64: return probe_typed<double>(comm, c, s, dtype);
-    case core::DType::bf16: return probe_typed<core::bf16>(comm, c, s, dtype);
-    case core::DType::f16: return probe_typed<core::f16>(comm, c, s, dtype);
-    case core::DType::f32: break;
-  }
-  return probe_typed<float>(comm, c, s, dtype);
+  return core::with_storage(plan.dtype, [&]<class T>() { return probe_typed<T>(comm, c, plan); });
 }
 
 io::Json probe_json(const ProbeConfig& c, const Probe& p) {

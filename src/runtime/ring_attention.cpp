@@ -73,24 +73,6 @@ Index RingAttention<T>::resident_bytes() const {
 }
 
 template <class T>
-Index RingAttention<T>::planned_bytes(const StrategySetup& setup, int r, bool backward) {
-  const core::Shape& sh = setup.shape;
-  const core::Layout& l = *setup.layout;
-  const int N = l.ranks();
-  const Index L = l.size(r), es = Index(sizeof(T)), ea = Index(sizeof(A));
-  const Index kv = sh.B * sh.HKV * sh.D, q = sh.B * sh.H * sh.D, rows = sh.B * sh.H;
-  const Index own = 2 * kv * L, block = 2 * kv * l.max_size();
-  Index bytes = es * (q * L + own) + ea * (3 * rows * L + q * L);  // q, own K/V; m, l, lse, acc
-  if (N > 1) bytes += es * 2 * block;                               // the two remote K/V buffers
-  if (backward) {
-    bytes += es * q * L + ea * (rows * L + q * L + own);  // dout; delta, dq, own dK/dV
-    if (N > 1) bytes += ea * (2 * block + own);           // gradient send buffers, the receive buffer
-  }
-  const core::Tiling t = core::resolve_tiling(setup.tiling, sh.D, l.max_size(), sh.G());
-  return bytes + core::Workspace<A>::bytes(t, sh.D);
-}
-
-template <class T>
 void RingAttention<T>::allocate_backward() {
   if (backward_ready_) return;
   backward_ready_ = true;

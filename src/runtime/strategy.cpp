@@ -17,12 +17,6 @@ const char* strategy_name(StrategyKind k) {
   return "?";
 }
 
-StrategyKind parse_strategy(const std::string& name) {
-  if (name == "ring") return StrategyKind::ring;
-  if (name == "ulysses") return StrategyKind::ulysses;
-  if (name == "usp") return StrategyKind::usp;
-  throw InputError(fmt::format("--strategy: unknown strategy '{}' (expected ring, ulysses or usp)", name));
-}
 
 int ulysses_degree(StrategyKind k, int given, int N) {
   switch (k) {
@@ -35,28 +29,20 @@ int ulysses_degree(StrategyKind k, int given, int N) {
 
 std::string strategy_rule_violation(StrategyKind k, int given, Index H, int N) {
   if (k == StrategyKind::ulysses && H % N != 0)
-    return fmt::format("--strategy ulysses: H={} query heads do not split over N={} ranks (expected H % N == 0); "
-                       "use --strategy usp with a --ulysses-degree that divides H and N, or --strategy ring",
+    return fmt::format("@strategy ulysses: H={} query heads do not split over N={} ranks (expected H % N == 0); "
+                       "use @strategy usp with a @ulysses_degree that divides H and N, or @strategy ring",
                        H, N);
   if (k != StrategyKind::usp) return {};
   if (given == 0)
-    return "--strategy usp: needs --ulysses-degree U (U divides N and H; U = 1 is ring, U = N is ulysses)";
-  if (given < 1) return fmt::format("--ulysses-degree: {} is not >= 1", given);
+    return "@strategy usp: needs @ulysses_degree U (U divides N and H; U = 1 is ring, U = N is ulysses)";
+  if (given < 1) return fmt::format("@ulysses_degree: {} is not >= 1", given);
   if (N % given != 0)
-    return fmt::format("--ulysses-degree: U={} does not divide N={} ranks (expected N % U == 0)", given, N);
+    return fmt::format("@ulysses_degree: U={} does not divide N={} ranks (expected N % U == 0)", given, N);
   if (H % given != 0)
-    return fmt::format("--ulysses-degree: H={} query heads do not split over U={} ranks (expected H % U == 0); "
-                       "use a U that divides H and N, or --strategy ring",
+    return fmt::format("@ulysses_degree: H={} query heads do not split over U={} ranks (expected H % U == 0); "
+                       "use a U that divides H and N, or @strategy ring",
                        H, given);
   return {};
-}
-
-void check_strategy(StrategyKind k, int given, Index H, int N) {
-  if (given != 0 && k != StrategyKind::usp)
-    throw InputError(fmt::format("--ulysses-degree: only applies with --strategy usp (--strategy {} uses U = {})",
-                                 strategy_name(k), ulysses_degree(k, given, N)));
-  const std::string why = strategy_rule_violation(k, given, H, N);
-  if (!why.empty()) throw InputError(why);
 }
 
 template <class S>

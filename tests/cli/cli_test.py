@@ -379,5 +379,43 @@ def test_bf16_bytes():
                   f"f32's {b['memory']['budget_bytes']} (at most 0.8)")
 
 
+def test_help_defaults():
+    """Every default `run --help` states is the value the job uses: the help is read, not trusted."""
+    import re
+    p = run([ARGS.binary, "run", "--help"])
+    check(p.returncode == 0, f"run --help: exit 0 ({p.returncode})")
+    stated = {m.group(1): m.group(2) for m in re.finditer(r"^\s*(--[a-z-]+)\b[^(\n]*\(default:? ([^),;]+)",
+                                                                p.stdout, re.M)}
+    print(stated)
+    for opt in ("--seq", "--batch", "--heads", "--head-dim", "--dtype", "--layout", "--seed", "--warmup", "--iters",
+                "--tile-q", "--tile-k", "--tile-strip"):
+        check(opt in stated, f"{opt} states its default")
+    with tempfile.TemporaryDirectory() as d:
+        p = ringattn(1, "run", "--no-backward", "--report", f"{d}/r.json")
+        check(p.returncode == 0, f"a run with every default: exit 0 ({p.stderr.strip()[-200:]})")
+        cfg = json.load(open(f"{d}/r.json"))["config"] if p.returncode == 0 else {}
+        used = {"--seq": cfg.get("seq"), "--batch": cfg.get("batch"), "--heads": cfg.get("heads"),
+                "--head-dim": cfg.get("head_dim"), "--dtype": cfg.get("dtype"), "--seed": cfg.get("seed"),
+                "--warmup": cfg.get("warmup"), "--iters": cfg.get("iters")}
+        for opt, value in used.items():
+            check(stated.get(opt, "").split()[0] == str(value), f"{opt}: help says {stated.get(opt)}, the job used {value}")
+        check(cfg.get("kv_heads") == cfg.get("heads"), f"--kv-heads defaults to H: {cfg.get('kv_heads')}")
+        check(cfg.get("layout") == "contiguous" and stated.get("--layout", "").startswith("auto"),
+              f"--layout auto: contiguous without a causal mask ({cfg.get('layout')})")
+        check(abs(cfg.get("scale", 0) - cfg.get("head_dim", 1) ** -0.5) < 1e-15, "--scale defaults to 1/sqrt(D)")
+        check(cfg.get("traffic") == "aware", f"--traffic defaults to aware ({cfg.get('traffic')})")
+        # 0 means the SIMD target's own tiles: the report names them, and giving them explicitly
+        # changes nothing.
+        tiles = [cfg.get("tile_q"), cfg.get("tile_k"), cfg.get("tile_strip")]
+        for opt in ("--tile-q", "--tile-k", "--tile-strip"):
+            check(stated.get(opt, "").startswith("0: the SIMD target's own"), f"{opt}: {stated.get(opt)}")
+        check(all(isinstance(t, int) and t > 0 for t in tiles), f"the target's tiles are reported: {tiles}")
+        p = ringattn(1, "run", "--no-backward", "--tile-q", tiles[0], "--tile-k", tiles[1], "--tile-strip", tiles[2],
+                     "--report", f"{d}/r2.json")
+        cfg2 = json.load(open(f"{d}/r2.json"))["config"] if p.returncode == 0 else {}
+        check([cfg2.get("tile_q"), cfg2.get("tile_k"), cfg2.get("tile_strip")] == tiles,
+              f"the reported tiles given explicitly are the same tiles: {cfg2.get('tile_q')} {cfg2.get('tile_k')}")
+
+
 if __name__ == "__main__":
     sys.exit(main(globals()))

@@ -192,7 +192,6 @@ def test_worked_example():
           "two gradient returns sent and received")
 
 
-test_seed_ledger = test_worked_example  # the name tests/cli/CMakeLists.txt registers it under
 
 
 def test_skip_empty_saves_bytes():

@@ -119,7 +119,7 @@ TEST(LibraryApi, MisuseThrowsTheSameMessageOnEveryRank) {
 
   if (world().size() > 1) {  // one rank with another window: the plans differ
     bad = small("contiguous");
-    bad.window = world().rank() == 1 ? 4 : 0;
+    bad.window = world().rank() == 1 ? std::optional<Index>(4) : std::nullopt;
     msg = caught([&] { Attention att(comm::Comm::world(), bad); });
     EXPECT_NE(msg.find("ranks disagree on window"), std::string::npos) << msg;
     expect_same_everywhere(msg);

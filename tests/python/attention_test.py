@@ -86,7 +86,7 @@ def rel_error(x, ref):
 def run_case(name, *, S, B=1, H=2, HKV=None, D=8, dtype=torch.float64, layout="contiguous",
              partition=None, causal=False, window=None, doc_lens=None, scale=None, rope=None,
              strategy="ring", ulysses_degree=None, comm=COMM, noncontiguous=False, seed=0, expect_reuse=None,
-             hold_plan_on=None):
+             hold_plan_on=None, layout_in_call=True):
     HKV = HKV or H
     g = torch.Generator().manual_seed(seed)
     full = [torch.randn(B, S, h, D, generator=g, dtype=torch.float64).to(dtype).double()
@@ -108,6 +108,8 @@ def run_case(name, *, S, B=1, H=2, HKV=None, D=8, dtype=torch.float64, layout="c
     args = dict(seq_len=S, causal=causal, window=window, doc_lens=doc_lens, layout=layout,
                 partition=partition, scale=scale, rope=rope, strategy=strategy, ulysses_degree=ulysses_degree,
                 comm=comm)
+    if not layout_in_call:  # attention()'s default layout must be the one the positions came from
+        del args["layout"]
     busy = None
     if hold_plan_on is not None:  # the same call first, its plan kept busy on one rank only
         o_busy = ringattn.attention(q, k, v, **args)
@@ -245,6 +247,12 @@ def bad_argument_cases():
          lambda: ringattn.attention(t(L, H), t(L, H), t(L, H), seq_len=S,
                                     window=0 if RANK == last else None),
          "window"),
+        ("positions with layout auto and no mask",
+         lambda: ringattn.positions(S, N, RANK),
+         "depends on the mask"),
+        ("bf16 with rope",
+         lambda: ringattn.attention(*(t(L, H, torch.bfloat16),) * 3, seq_len=S, rope=10000.0),
+         "rope: not supported with dtype bf16"),
         ("integer tensors",
          lambda: ringattn.attention(*(torch.zeros(1, L, H, D, dtype=torch.int64),) * 3, seq_len=S),
          "not supported"),
@@ -288,6 +296,11 @@ def main():
     failed += not run_case("reuse: the same call again", expect_reuse=True, **same)
     if N > 1:
         failed += not run_case("reuse: rank 0's plan still busy", expect_reuse=False, hold_plan_on=0, **same)
+    # Positions sharded zigzag, attention() given no layout: its default (auto) is zigzag when causal.
+    failed += not run_case("zigzag positions, default layout, causal", S=23, B=2, H=4, HKV=2, D=8, causal=True,
+                           layout="zigzag", layout_in_call=False)
+    failed += not run_case("contiguous positions, default layout, windowed", S=19, H=2, D=8, causal=True,
+                           window=5, layout="contiguous", layout_in_call=False)
     for name, fn, needle in bad_argument_cases():
         if a.k in name or a.k == "":
             failed += not expect_raise(name, fn, needle)

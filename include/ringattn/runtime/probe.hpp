@@ -24,7 +24,7 @@ struct ProbeConfig {
   std::optional<Index> seq, batch, heads, kv_heads, head_dim;
   std::string dtype = "f32";
   bool causal = false;
-  std::string layout = "contiguous";
+  std::string layout = "auto";  // as run: zigzag for a causal mask, contiguous otherwise
   comm::BandwidthOptions bw;
   double budget_s = 1.0;  // per compute measurement (kernel, ring): fewer repetitions when slow
   bool json = false;

@@ -39,9 +39,6 @@ class RingAttention final : public Strategy<S> {
   Index local_size() const override { return L_; }
   Index resident_bytes() const override;
 
-  // What resident_bytes() will be for rank r of this setup, before anything is allocated.
-  static Index planned_bytes(const StrategySetup& setup, int r, bool backward);
-
  private:
   core::Packing packing(int owner) const;  // a K/V block of `owner`
   Index block_elems(int owner) const { return 2 * packing(owner).kv_elems(); }

@@ -45,16 +45,13 @@ struct PassStats {
 
 enum class StrategyKind { ring, ulysses, usp };
 const char* strategy_name(StrategyKind k);
-StrategyKind parse_strategy(const std::string& name);  // throws InputError naming --strategy
 
 // The Ulysses degree U a strategy uses on N ranks: ring 1, ulysses N, usp the one given.
 int ulysses_degree(StrategyKind k, int given, int N);
 // Why `k` (with Ulysses degree `given` for usp; 0 = not given) cannot run H query heads on N ranks,
-// as one line naming the rule and what to use instead; empty when it can.
+// as one line naming the rule and what to use instead; empty when it can. Options are named by
+// token (@strategy, @ulysses_degree), for OptionNames::render (runtime/plan.hpp).
 std::string strategy_rule_violation(StrategyKind k, int given, Index H, int N);
-// Throws InputError with strategy_rule_violation's line, and when --ulysses-degree is given
-// (given > 0) for anything but usp.
-void check_strategy(StrategyKind k, int given, Index H, int N);
 
 // Test hooks that plant faults the tests must catch.
 struct FaultHooks {
@@ -84,9 +81,9 @@ struct StrategySetup {
   std::function<void()> poll;
 };
 
-// Sees every event of the ring on one rank as it happens (the `lab` walkthrough records them).
-// Packed layouts as in core/packed.hpp; accumulation type. The running max m is in the kernel's
-// units: natural log for double, log2 for float (multiply by ln 2).
+// Sees every event of the ring on one rank as it happens (`lab` records them for its worked
+// example). Packed layouts as in core/packed.hpp; accumulation type. The running max m is in the
+// kernels' units, log2 for every type (multiply by ln 2 for max_j S_ij).
 template <class A>
 class RingObserver {
  public:

@@ -1,0 +1,139 @@
+#pragma once
+// The plan: one attention call's options in, one validated plan out. Every entry point (the
+// command line's run, run --layer, probe and lab, the C++ API, the Python binding) builds its work
+// from make_attention_plan, so each default and each rule between options is written here once.
+//
+// Errors carry the id of the option at fault (Option). Their text names options by token
+// (@seq, @layout, ...), and each entry point renders the tokens in its own words: `--seq` on the
+// command line, `shape.S` in C++, `seq_len` in Python (OptionNames).
+#include <array>
+#include <functional>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "ringattn/core/block_attention.hpp"
+#include "ringattn/core/errors.hpp"
+#include "ringattn/core/layout.hpp"
+#include "ringattn/core/mask.hpp"
+#include "ringattn/core/ring_plan.hpp"
+#include "ringattn/core/shape.hpp"
+#include "ringattn/runtime/agreement.hpp"
+#include "ringattn/runtime/input_plan.hpp"
+#include "ringattn/runtime/strategy.hpp"
+
+namespace ringattn::runtime {
+
+// Every option a plan takes. The token of each is its name in this list (@seq, @kv_heads, ...).
+enum class Option {
+  seq, batch, heads, kv_heads, head_dim, dtype, causal, window, doc_lens, layout, partition, scale, rope,
+  strategy, ulysses_degree, timeout, tile_q, tile_k, tile_strip, traffic, count
+};
+inline constexpr std::size_t kOptions = static_cast<std::size_t>(Option::count);
+
+// How one entry point names the options in its messages.
+struct OptionNames {
+  std::array<const char*, kOptions> name;
+  const char* operator[](Option o) const { return name[static_cast<std::size_t>(o)]; }
+  // `text` with every @token of an option replaced by this entry point's name for it.
+  std::string render(std::string_view text) const;
+};
+const OptionNames& cli_names();     // --seq, --kv-heads, --ulysses-degree, ...
+const OptionNames& cpp_names();     // shape.S, shape.HKV, ulysses_degree, ... (AttentionOptions' members)
+const OptionNames& python_names();  // seq_len, H, ulysses_degree, ... (ringattn.attention's arguments)
+
+// An InputError about one option, its message already in the entry point's words.
+struct OptionError : InputError {
+  OptionError(Option o, const std::string& message) : InputError(message), option(o) {}
+  Option option;
+};
+
+// The shape where neither the options nor input files give it (the command line's defaults).
+inline constexpr Index kDefaultSeq = 1024, kDefaultBatch = 1, kDefaultHeads = 4, kDefaultHeadDim = 64;
+
+// One attention call as given. Names as in the Python package; AttentionOptions in the C++ API.
+struct PlanOptions {
+  core::Shape shape;                  // the whole problem: B, S, H, HKV, D
+  std::string layout = "auto";        // auto | contiguous | striped | zigzag (auto: see resolve_layout)
+  std::vector<Index> partition;       // contiguous only: every rank's number of positions (sum S)
+  bool causal = false;
+  std::optional<Index> window;        // W >= 1: causal sliding window, i - W < j <= i; empty: none
+  std::vector<Index> doc_lens;        // packed documents (sum S): attention stays within each
+  std::optional<double> scale;        // default 1/sqrt(D)
+  std::optional<double> rope_theta;   // RoPE (rotate-half) on q and k at their global positions
+  std::string strategy = "ring";      // ring | ulysses | usp
+  std::optional<int> ulysses_degree;  // usp: ranks per all-to-all group
+  std::string dtype = "f32";          // storage type of q, k, v, dout: f32 | f64 | bf16 | f16
+  std::optional<double> timeout_s;    // watchdog on every wait (seconds); 0: none; empty: default_timeout
+  core::Tiling tiling;                // kernel tiles; zeros: the SIMD target's defaults
+  std::string traffic = "aware";      // full | aware | skip-empty (see core::Traffic)
+  bool backward = true;               // whether a backward follows (memory and the default watchdog)
+};
+
+// What the job around the attention adds to the plan's admission and watchdog (the command line's
+// --layer and --check); empty for a plain attention call.
+struct PlanExtras {
+  std::function<void(MemoryPlan&, Index largest_shard)> memory;  // adds the job's own items
+  double flops = 0;                 // the job's own work per iteration, for default_timeout
+  std::string culprit;              // the option a memory error names; empty: the largest shape option
+  // More candidates for that name: an option of the job as "NAME VALUE", and its value over its
+  // usual size (the shape's are S/1024, B, H/4, HKV/4, D/64).
+  std::vector<std::pair<std::string, double>> culprits;
+  std::string memory_hint = "a smaller shape or more ranks";
+  bool admit_memory = true;         // false: a timing-only simulation, which allocates no values
+};
+
+// The validated plan. The layout and mask are built; everything is resolved to one value.
+struct AttentionPlan {
+  core::Shape shape;
+  core::DType dtype = core::DType::f32;
+  core::Layout layout = core::Layout::contiguous(1, 1);
+  core::Mask mask;
+  StrategyKind strategy = StrategyKind::ring;
+  int ulysses_degree = 1;  // ranks per all-to-all group: ring 1, ulysses N, usp U
+  double scale = 1;
+  std::optional<double> rope_theta;
+  core::Tiling tiling;     // as given (0: the target's default, resolved per strategy in setup())
+  core::Traffic traffic = core::Traffic::aware;
+  double timeout_s = 0;    // the watchdog
+  bool backward = true;
+};
+
+// The layout `name` means for this mask: auto is zigzag for a causal mask without a window or an
+// explicit partition (it balances the causal triangle), contiguous otherwise.
+core::LayoutKind resolve_layout(const std::string& name, bool causal, Index window, bool partitioned,
+                                const OptionNames& names);
+
+// The layout of S positions over N ranks that `name` (resolve_layout) and `partition` give, checked.
+core::Layout make_layout(const std::string& name, Index S, int N, const std::vector<Index>& partition, bool causal,
+                         Index window, const OptionNames& names);
+
+// The storage type `name` names (bf16, f16, f32, f64); OptionError otherwise.
+core::DType parse_dtype(const std::string& name, const OptionNames& names);
+
+// The strategy `name` names; OptionError otherwise.
+StrategyKind parse_strategy(const std::string& name, const OptionNames& names);
+
+// Checks every option and every rule between them, then builds the layout and the mask. Throws
+// OptionError in `names`' words. N is the number of ranks. Allocates nothing of size S before the
+// memory admission has passed.
+AttentionPlan make_attention_plan(const PlanOptions& o, int N, const OptionNames& names, const PlanExtras& extras = {});
+
+// The watchdog when none is given: generous enough that a quiet machine never trips it. 300 s,
+// plus ten times the time the busiest rank's share of one iteration (and extra_flops) would take
+// at 1 GFLOP/s, a hundredth of one core of today's CPUs.
+double default_timeout(const core::Shape& s, Index largest_shard, bool backward, double extra_flops);
+
+// The strategy's setup for this plan; it points into `p`, which must outlive the strategy.
+StrategySetup strategy_setup(const AttentionPlan& p);
+
+// What every rank must hold the same, named in `names`' words.
+std::vector<PlanField> plan_fields(const AttentionPlan& p, const PlanOptions& o, const OptionNames& names);
+
+// Relative tolerance against the float64 reference: f32 3e-4 (a few hundred ulps of float after
+// exp amplifies score rounding by |S|, and sums over S keys), f64 1e-10; bf16 and f16 compute in
+// f32 on rounded inputs, so their reference is the one of the rounded inputs and f32's bound holds.
+double check_tolerance(core::DType t);
+
+}  // namespace ringattn::runtime

@@ -1,0 +1,346 @@
+// The plan layer: every option's default and every rule between options, written once.
+#include "ringattn/runtime/plan.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <limits>
+#include <tuple>
+
+#include "ringattn/comm/simulation.hpp"
+#include "ringattn/core/head_split.hpp"
+#include "ringattn/core/storage.hpp"
+
+namespace ringattn::runtime {
+
+using core::DType;
+using core::Shape;
+
+namespace {
+
+constexpr std::array<const char*, kOptions> kTokens = {
+    "seq",  "batch",    "heads", "kv_heads", "head_dim",       "dtype",   "causal", "window", "doc_lens", "layout",
+    "partition", "scale", "rope", "strategy", "ulysses_degree", "timeout", "tile_q", "tile_k", "tile_strip", "traffic"};
+
+std::string join(std::span<const Index> v) {
+  std::string s;
+  for (std::size_t i = 0; i < v.size(); ++i) s += (i ? "," : "") + std::to_string(v[i]);
+  return s;
+}
+
+// Throws OptionError(o) with `text` (tokens rendered in `names`' words).
+[[noreturn]] void fail(const OptionNames& names, Option o, const std::string& text) {
+  throw OptionError(o, names.render(text));
+}
+
+void check_shape(const Shape& s, const OptionNames& n) {
+  const std::pair<Option, Index> sizes[] = {{Option::batch, s.B}, {Option::seq, s.S}, {Option::heads, s.H},
+                                            {Option::kv_heads, s.HKV}, {Option::head_dim, s.D}};
+  for (const auto& [o, v] : sizes)
+    if (v < 1) fail(n, o, fmt::format("@{}: {} is not a positive size (expected >= 1)", kTokens[size_t(o)], v));
+  if (s.H % s.HKV != 0)
+    fail(n, Option::kv_heads, fmt::format("@kv_heads: H={} is not a multiple of HKV={} (expected H % HKV == 0)",
+                                          s.H, s.HKV));
+}
+
+void check_partition(const std::vector<Index>& partition, core::LayoutKind kind, int N, Index S,
+                     const OptionNames& n) {
+  if (partition.empty()) return;
+  if (kind != core::LayoutKind::contiguous)
+    fail(n, Option::partition, fmt::format("@partition: only applies to the contiguous layout, not {}",
+                                           core::layout_name(kind)));
+  if (static_cast<int>(partition.size()) != N)
+    fail(n, Option::partition, fmt::format("@partition: has {} sizes for {} ranks (expected one per rank)",
+                                           partition.size(), N));
+  Index sum = 0;
+  for (Index x : partition) {
+    if (x < 0) fail(n, Option::partition, fmt::format("@partition: size {} is negative (expected sizes >= 0)", x));
+    sum += x;
+  }
+  if (sum != S)
+    fail(n, Option::partition, fmt::format("@partition: sizes sum to {} but S is {} (expected sum == S)", sum, S));
+}
+
+void check_mask(const PlanOptions& o, const OptionNames& n) {
+  if (o.window && *o.window < 1)
+    fail(n, Option::window, fmt::format("@window: {} is not a window (expected W >= 1, or none)", *o.window));
+  if (o.doc_lens.empty()) return;
+  Index sum = 0;
+  for (Index x : o.doc_lens) {
+    if (x < 0) fail(n, Option::doc_lens, fmt::format("@doc_lens: length {} is negative (expected lengths >= 0)", x));
+    sum += x;
+  }
+  if (sum != o.shape.S)
+    fail(n, Option::doc_lens, fmt::format("@doc_lens: lengths sum to {} but S is {} (expected sum == S)", sum,
+                                          o.shape.S));
+}
+
+double checked_scale(const PlanOptions& o, DType dtype, const OptionNames& n) {
+  const double scale = o.scale ? *o.scale : 1.0 / std::sqrt(double(o.shape.D));
+  if (!std::isfinite(scale)) fail(n, Option::scale, fmt::format("@scale: {} is not a finite number", scale));
+  // The scores are computed in the accumulation type: the scale must be a finite number there too.
+  if (dtype != DType::f64 && !std::isfinite(static_cast<float>(scale)))
+    fail(n, Option::scale, fmt::format("@scale: {:g} overflows {}'s float32 arithmetic (expected |scale| <= {:g})",
+                                       scale, core::dtype_name(dtype), double(std::numeric_limits<float>::max())));
+  return scale;
+}
+
+void check_rope(const PlanOptions& o, DType dtype, const OptionNames& n) {
+  if (!o.rope_theta) return;
+  if (!(std::isfinite(*o.rope_theta) && *o.rope_theta > 0))
+    fail(n, Option::rope, fmt::format("@rope: theta {} is not a positive finite base (expected e.g. 10000)",
+                                      *o.rope_theta));
+  if (o.shape.D % 2 != 0)
+    fail(n, Option::rope, fmt::format("@rope: head dim D = {} is odd (rotate-half RoPE pairs i with i + D/2; "
+                                      "expected D even)", o.shape.D));
+  // 16-bit storage would round the rotated q and k to 16 bits a second time, an error of one
+  // 16-bit ulp on every score that the rounded-input reference does not have.
+  if (dtype == DType::bf16 || dtype == DType::f16)
+    fail(n, Option::rope, fmt::format("@rope: not supported with @dtype {} (the rotated q and k would be rounded to "
+                                      "{} again; expected @dtype f32 or f64 with @rope, or q and k rotated before "
+                                      "the call)", core::dtype_name(dtype), core::dtype_name(dtype)));
+}
+
+// The strategy's rules: ulysses splits H over N; usp splits H and N over U.
+int checked_ulysses_degree(StrategyKind k, std::optional<int> given, Index H, int N, const OptionNames& n) {
+  if (given && *given < 1) fail(n, Option::ulysses_degree, fmt::format("@ulysses_degree: {} is not >= 1", *given));
+  if (given && k != StrategyKind::usp)
+    fail(n, Option::ulysses_degree,
+         fmt::format("@ulysses_degree: only applies with @strategy usp (@strategy {} uses U = {})", strategy_name(k),
+                     ulysses_degree(k, *given, N)));
+  const std::string why = strategy_rule_violation(k, given.value_or(0), H, N);
+  if (!why.empty()) fail(n, why.rfind("@strategy", 0) == 0 ? Option::strategy : Option::ulysses_degree, why);
+  return ulysses_degree(k, given.value_or(0), N);
+}
+
+core::Traffic parse_traffic(const std::string& name, const OptionNames& n) {
+  if (name == "aware") return core::Traffic::aware;
+  if (name == "full") return core::Traffic::full;
+  if (name == "skip-empty") return core::Traffic::skip_empty_grads;
+  fail(n, Option::traffic, fmt::format("@traffic: unknown plan '{}' (expected full, aware or skip-empty)", name));
+}
+
+void check_tiles(const core::Tiling& t, const OptionNames& n) {
+  for (const auto& [o, v] : {std::pair{Option::tile_q, t.q_rows}, std::pair{Option::tile_k, t.k_cols},
+                             std::pair{Option::tile_strip, t.strip_rows}})
+    if (v < 0 || v > 65536)
+      fail(n, o, fmt::format("@{}: {} is outside 0..65536 (a tile size; 0: the SIMD target's default)",
+                             kTokens[size_t(o)], v));
+}
+
+Index largest_shard(core::LayoutKind kind, Index S, int N, const std::vector<Index>& partition) {
+  if (!partition.empty()) return *std::max_element(partition.begin(), partition.end());
+  if (kind == core::LayoutKind::zigzag) return 2 * ((S + 2 * N - 1) / (2 * Index(N)));
+  return (S + N - 1) / N;
+}
+
+// Everything one attention allocates on its most loaded rank (L positions), before anything is
+// allocated. Computed in double: an absurd shape must be refused, not overflow.
+void attention_memory(MemoryPlan& m, const AttentionPlan& p, const core::Tiling& given, int N, Index Lmax) {
+  const Shape& s = p.shape;
+  const double es = double(core::dtype_size(p.dtype)), ea = double(core::dtype_size(core::accum_dtype(p.dtype)));
+  const double B = double(s.B), H = double(s.H), HKV = double(s.HKV), D = double(s.D), S = double(s.S);
+  const double L = double(Lmax);
+  m.add("layout tables", 20.0 * S);
+  m.add("input shards", es * B * L * (2 * H + 2 * HKV) * D);
+  // The ring's shards, two remote K/V buffers, state, gradient buffers and tile scratch. A
+  // head-parallel strategy runs the ring over groups of U ranks (U times the positions, H/U query
+  // heads and the kv heads they read) between all-to-alls.
+  const int U = p.ulysses_degree;
+  const core::HeadSplit hs = core::split_heads(s, U);
+  const double Lr = L * U, Hr = double(hs.Hu), HKVr = double(hs.HKVu), R = double(N / U);
+  const double block = 2 * B * HKVr * D * Lr, q = B * Hr * D * Lr, rows = B * Hr * Lr;
+  double ring = es * (q + block) + ea * (3 * rows + q) + (R > 1 ? es * 2 * block : 0.0);
+  if (p.backward) ring += es * q + ea * (rows + q + block) + (R > 1 ? ea * 3 * block : 0.0);
+  const core::Tiling t = core::resolve_tiling(given, s.D, std::min<Index>(Lmax * U, Index(1) << 40), hs.Gu);
+  ring += double(p.dtype == DType::f64 ? core::Workspace<double>::bytes(t, s.D) : core::Workspace<float>::bytes(t, s.D));
+  m.add("ring buffers and tile scratch", ring);
+  if (p.strategy != StrategyKind::ring) {  // send, receive and group tensors; their outputs
+    const double qkv = B * Lr * (Hr + 2 * HKVr) * D, ret = B * Lr * std::max(Hr + 2 * HKVr, Hr + Hr / D) * D;
+    double a2a = es * 3 * qkv + ea * (2 * ret + B * Lr * Hr * (D + 1)) + ea * B * L * H * (D + 1);
+    if (p.backward) a2a += es * 3 * B * Lr * Hr * D + ea * (qkv + B * L * (H + 2 * HKV) * D);
+    m.add("all-to-all buffers", a2a);
+  }
+  m.add("outputs", ea * B * L * (2 * H * D + H + 2 * HKV * D));
+  if (p.rope_theta) m.add("rotated q and k", es * B * L * (H + HKV) * D);
+}
+
+// The option a memory error names: the one furthest above its usual size.
+std::string memory_culprit(const Shape& s, const OptionNames& n, const PlanExtras& extras) {
+  const std::pair<Option, double> ratio[] = {
+      {Option::seq, double(s.S) / kDefaultSeq},     {Option::batch, double(s.B) / kDefaultBatch},
+      {Option::heads, double(s.H) / kDefaultHeads}, {Option::kv_heads, double(s.HKV) / kDefaultHeads},
+      {Option::head_dim, double(s.D) / kDefaultHeadDim}};
+  const auto worst = std::max_element(std::begin(ratio), std::end(ratio),
+                                      [](const auto& a, const auto& b) { return a.second < b.second; });
+  const Index value[] = {s.S, s.B, s.H, s.HKV, s.D};
+  std::string name = fmt::format("{} {}", n[worst->first], value[worst - std::begin(ratio)]);
+  double most = worst->second;
+  for (const auto& [other, r] : extras.culprits)
+    if (r > most) std::tie(name, most) = std::pair{other, r};
+  return name;
+}
+
+}  // namespace
+
+std::string OptionNames::render(std::string_view text) const {
+  std::string out;
+  out.reserve(text.size());
+  for (std::size_t i = 0; i < text.size();) {
+    if (text[i] == '@') {
+      std::size_t j = i + 1;
+      while (j < text.size() && (std::islower(static_cast<unsigned char>(text[j])) || text[j] == '_')) ++j;
+      const std::string_view token = text.substr(i + 1, j - i - 1);
+      const auto at = std::find(kTokens.begin(), kTokens.end(), token);
+      if (at != kTokens.end()) {
+        out += name[at - kTokens.begin()];
+        i = j;
+        continue;
+      }
+    }
+    out += text[i++];
+  }
+  return out;
+}
+
+const OptionNames& cli_names() {
+  static const OptionNames n{{"--seq", "--batch", "--heads", "--kv-heads", "--head-dim", "--dtype", "--causal",
+                              "--window", "--doc-lens", "--layout", "--partition", "--scale", "--rope", "--strategy",
+                              "--ulysses-degree", "--timeout", "--tile-q", "--tile-k", "--tile-strip", "--traffic"}};
+  return n;
+}
+
+const OptionNames& cpp_names() {
+  static const OptionNames n{{"shape.S", "shape.B", "shape.H", "shape.HKV", "shape.D", "dtype", "causal", "window",
+                              "doc_lens", "layout", "partition", "scale", "rope_theta", "strategy", "ulysses_degree",
+                              "timeout_s", "tiling.q_rows", "tiling.k_cols", "tiling.strip_rows", "traffic"}};
+  return n;
+}
+
+const OptionNames& python_names() {
+  // B, H, HKV and D come from the shapes of q and k.
+  static const OptionNames n{{"seq_len", "q's B", "q's H", "k's HKV", "q's D", "dtype", "causal", "window",
+                              "doc_lens", "layout", "partition", "scale", "rope", "strategy", "ulysses_degree",
+                              "timeout", "tile_q", "tile_k", "tile_strip", "traffic"}};
+  return n;
+}
+
+DType parse_dtype(const std::string& name, const OptionNames& n) {
+  if (const auto t = core::dtype_from_name(name)) return *t;
+  fail(n, Option::dtype, fmt::format("@dtype: unknown dtype '{}' (expected bf16, f16, f32 or f64)", name));
+}
+
+StrategyKind parse_strategy(const std::string& name, const OptionNames& n) {
+  for (StrategyKind k : {StrategyKind::ring, StrategyKind::ulysses, StrategyKind::usp})
+    if (name == strategy_name(k)) return k;
+  fail(n, Option::strategy, fmt::format("@strategy: unknown strategy '{}' (expected ring, ulysses or usp)", name));
+}
+
+double check_tolerance(DType t) { return t == DType::f64 ? 1e-10 : 3e-4; }
+
+core::LayoutKind resolve_layout(const std::string& name, bool causal, Index window, bool partitioned,
+                                const OptionNames& n) {
+  if (name == "auto")
+    return causal && window == 0 && !partitioned ? core::LayoutKind::zigzag : core::LayoutKind::contiguous;
+  for (core::LayoutKind k : {core::LayoutKind::contiguous, core::LayoutKind::striped, core::LayoutKind::zigzag})
+    if (name == core::layout_name(k)) return k;
+  fail(n, Option::layout,
+       fmt::format("@layout: unknown layout '{}' (expected auto, contiguous, striped or zigzag)", name));
+}
+
+core::Layout make_layout(const std::string& name, Index S, int N, const std::vector<Index>& partition, bool causal,
+                         Index window, const OptionNames& n) {
+  if (S < 1) fail(n, Option::seq, fmt::format("@seq: {} is not a positive size (expected >= 1)", S));
+  const core::LayoutKind kind = resolve_layout(name, causal, window, !partition.empty(), n);
+  check_partition(partition, kind, N, S, n);
+  return core::Layout::make(kind, S, N, partition);
+}
+
+double default_timeout(const Shape& s, Index largest_shard, bool backward, double extra_flops) {
+  const double L = double(largest_shard), S = double(s.S), HD = double(s.H) * double(s.D);
+  const double flops = 4.0 * double(s.B) * L * S * HD * (backward ? 3.5 : 1.0) + extra_flops;
+  return 300.0 + 10.0 * flops / 1e9;
+}
+
+AttentionPlan make_attention_plan(const PlanOptions& o, int N, const OptionNames& n, const PlanExtras& extras) {
+  AttentionPlan p;
+  check_shape(o.shape, n);
+  p.shape = o.shape;
+  p.dtype = parse_dtype(o.dtype, n);
+  p.backward = o.backward;
+  check_rope(o, p.dtype, n);
+  p.rope_theta = o.rope_theta;
+  check_mask(o, n);
+  const core::LayoutKind kind = resolve_layout(o.layout, o.causal, o.window.value_or(0), !o.partition.empty(), n);
+  check_partition(o.partition, kind, N, o.shape.S, n);
+  p.strategy = parse_strategy(o.strategy, n);
+  p.ulysses_degree = checked_ulysses_degree(p.strategy, o.ulysses_degree, o.shape.H, N, n);
+  p.scale = checked_scale(o, p.dtype, n);
+  p.traffic = parse_traffic(o.traffic, n);
+  check_tiles(o.tiling, n);
+  p.tiling = o.tiling;
+  if (o.timeout_s && !(std::isfinite(*o.timeout_s) && *o.timeout_s >= 0))
+    fail(n, Option::timeout, fmt::format("@timeout: {} is not a time (expected seconds >= 0; 0 disables the "
+                                         "watchdog)", *o.timeout_s));
+  // Before anything of size S is built.
+  const Index Lmax = largest_shard(kind, o.shape.S, N, o.partition);
+  if (extras.admit_memory) {
+    MemoryPlan m;
+    attention_memory(m, p, o.tiling, N, Lmax);
+    if (extras.memory) extras.memory(m, Lmax);
+    admit_memory(m, extras.culprit.empty() ? memory_culprit(o.shape, n, extras) : extras.culprit,
+                 fmt::format("{} ({})", p.shape.str(), core::dtype_name(p.dtype)), extras.memory_hint);
+  }
+  p.layout = core::Layout::make(kind, o.shape.S, N, o.partition);
+  p.mask = core::Mask::make(o.shape.S, o.causal, o.window.value_or(0), o.doc_lens);
+  p.timeout_s = o.timeout_s ? *o.timeout_s : default_timeout(p.shape, Lmax, o.backward, extras.flops);
+  if (comm::simulated()) p.timeout_s = 0;  // simulated time: no watchdog (see comm::Comm::set_timeout)
+  return p;
+}
+
+StrategySetup strategy_setup(const AttentionPlan& p) {
+  StrategySetup s;
+  s.shape = p.shape;
+  s.layout = &p.layout;
+  s.mask = &p.mask;
+  s.scale = p.scale;
+  // A head-parallel strategy resolves the tiles for the shape its ring attends.
+  s.tiling = p.strategy == StrategyKind::ring ? core::resolve_tiling(p.tiling, p.shape.D, p.layout.max_size(),
+                                                                     p.shape.G())
+                                              : p.tiling;
+  s.traffic = p.traffic;
+  s.kind = p.strategy;
+  s.ulysses_degree = p.ulysses_degree;
+  return s;
+}
+
+std::vector<PlanField> plan_fields(const AttentionPlan& p, const PlanOptions& o, const OptionNames& n) {
+  auto num = [](double v) { return fmt::format("{:.17g}", v); };
+  auto named = [&](Option opt, const char* what) { return fmt::format("{} ({})", what, n[opt]); };
+  const Shape& s = p.shape;
+  return {{named(Option::seq, "S"), std::to_string(s.S)},
+          {named(Option::batch, "B"), std::to_string(s.B)},
+          {named(Option::heads, "H"), std::to_string(s.H)},
+          {named(Option::kv_heads, "HKV"), std::to_string(s.HKV)},
+          {named(Option::head_dim, "D"), std::to_string(s.D)},
+          {named(Option::dtype, "the dtype"), core::dtype_name(p.dtype)},
+          {n[Option::causal], o.causal ? "on" : "off"},
+          {n[Option::window], std::to_string(o.window.value_or(0))},
+          {n[Option::doc_lens], join(o.doc_lens)},
+          {named(Option::layout, "the layout"), core::layout_name(p.layout.kind())},
+          {named(Option::partition, "the shard sizes"), join(p.layout.sizes())},
+          {n[Option::scale], num(p.scale)},
+          {n[Option::strategy], strategy_name(p.strategy)},
+          {named(Option::ulysses_degree, "the Ulysses degree"), std::to_string(p.ulysses_degree)},
+          {n[Option::traffic], o.traffic},
+          {n[Option::rope], p.rope_theta ? num(*p.rope_theta) : "off"},
+          {"the backward", p.backward ? "on" : "off"},
+          {n[Option::tile_q], std::to_string(o.tiling.q_rows)},
+          {n[Option::tile_k], std::to_string(o.tiling.k_cols)},
+          {n[Option::tile_strip], std::to_string(o.tiling.strip_rows)},
+          {n[Option::timeout], num(p.timeout_s)}};
+}
+
+}  // namespace ringattn::runtime
