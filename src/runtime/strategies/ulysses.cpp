@@ -1,4 +1,4 @@
-#include "ringattn/runtime/usp_attention.hpp"
+#include "ringattn/runtime/ulysses_attention.hpp"
 
 #include <fmt/format.h>
 
@@ -13,7 +13,7 @@ namespace {
 int degree(const comm::Comm& comm, const StrategySetup& s) {
   const int U = s.kind == StrategyKind::ulysses ? comm.size() : s.ulysses_degree;
   if (U < 1 || comm.size() % U != 0 || s.shape.H % U != 0)
-    throw std::logic_error(fmt::format("UspAttention: U={} must divide N={} and H={}", U, comm.size(), s.shape.H));
+    throw std::logic_error(fmt::format("UlyssesAttention: U={} must divide N={} and H={}", U, comm.size(), s.shape.H));
   return U;
 }
 
@@ -26,7 +26,7 @@ std::vector<Index> scaled(const std::vector<Index>& sizes, Index per_position) {
 }  // namespace
 
 template <class S>
-UspAttention<S>::UspAttention(const comm::Comm& comm, const StrategySetup& setup)
+UlyssesAttention<S>::UlyssesAttention(const comm::Comm& comm, const StrategySetup& setup)
     : s_(setup),
       r_(comm.rank()),
       U_(degree(comm, setup)),
@@ -71,7 +71,7 @@ UspAttention<S>::UspAttention(const comm::Comm& comm, const StrategySetup& setup
 }
 
 template <class S>
-Index UspAttention<S>::resident_bytes() const {
+Index UlyssesAttention<S>::resident_bytes() const {
   auto bytes = [](const auto&... v) { return ((Index(v.size()) * Index(sizeof(v[0]))) + ...); };
   return inner_->resident_bytes() + bytes(qkv_send_, qkv_recv_, dout_send_, dout_recv_, q_g_, k_g_, v_g_, dout_g_) +
          bytes(o_g_, lse_g_, dq_g_, dk_g_, dv_g_, out_send_, out_recv_, o_, lse_, dq_, dk_, dv_);
@@ -80,7 +80,7 @@ Index UspAttention<S>::resident_bytes() const {
 // Member v's block of the send buffer: [q: B, L, Hu, D][k: B, L, HKVu, D][v: same] of this rank's
 // positions, v's heads.
 template <class S>
-void UspAttention<S>::load(const S* q, const S* k, const S* v) {
+void UlyssesAttention<S>::load(const S* q, const S* k, const S* v) {
   const core::Shape& sh = s_.shape;
   const Index B = sh.B, D = sh.D, qr = q_row(), kr = kv_row(), blk = B * L_ * (qr + 2 * kr);
   if (!s_.timing_only) {
@@ -105,7 +105,7 @@ void UspAttention<S>::load(const S* q, const S* k, const S* v) {
 }
 
 template <class S>
-void UspAttention<S>::load_dout(const S* dout) {
+void UlyssesAttention<S>::load_dout(const S* dout) {
   const core::Shape& sh = s_.shape;
   const Index B = sh.B, D = sh.D, qr = q_row(), blk = B * L_ * qr;
   if (!backward_ready_) {  // the backward's buffers, on first use
@@ -130,7 +130,7 @@ void UspAttention<S>::load_dout(const S* dout) {
 
 template <class S>
 template <class T>
-double UspAttention<S>::exchange(Pass pass, const core::AlignedVector<T>& send, const std::vector<Index>& send_counts,
+double UlyssesAttention<S>::exchange(Pass pass, const core::AlignedVector<T>& send, const std::vector<Index>& send_counts,
                                  core::AlignedVector<T>& recv, const std::vector<Index>& recv_counts, const char* what,
                                  StepRecord& rec) {
   std::vector<std::int64_t> sb(U_), sd(U_), rb(U_), rd(U_);
@@ -148,7 +148,7 @@ double UspAttention<S>::exchange(Pass pass, const core::AlignedVector<T>& send, 
     received += recv_counts[v];
   }
   if (so > std::int64_t(send.size() * sizeof(T)) || ro > std::int64_t(recv.size() * sizeof(T)))
-    throw std::logic_error("UspAttention: all-to-all buffer too small");
+    throw std::logic_error("UlyssesAttention: all-to-all buffer too small");
   const int p = static_cast<int>(pass);
   a2a_bytes_[p][0] += sent * Index(sizeof(T));
   a2a_bytes_[p][1] += received * Index(sizeof(T));
@@ -167,7 +167,7 @@ double UspAttention<S>::exchange(Pass pass, const core::AlignedVector<T>& send, 
 
 // A pass's figures: the all-to-all in, the ring's steps, the all-to-all out.
 template <class S>
-PassStats UspAttention<S>::finish_pass(const StepRecord& in, const PassStats& ring, const StepRecord& out,
+PassStats UlyssesAttention<S>::finish_pass(const StepRecord& in, const PassStats& ring, const StepRecord& out,
                                        double t_pass) {
   PassStats ps;
   ps.steps.push_back(in);
@@ -183,7 +183,7 @@ PassStats UspAttention<S>::finish_pass(const StepRecord& in, const PassStats& ri
 }
 
 template <class S>
-void UspAttention<S>::fold_ledger() {
+void UlyssesAttention<S>::fold_ledger() {
   const core::Ledger& ring = inner_->ledger();
   ledger_ = ring;
   ledger_.a2a_fwd_send_elems = a2a_.a2a_fwd_send_elems;
@@ -195,7 +195,7 @@ void UspAttention<S>::fold_ledger() {
 }
 
 template <class S>
-PassStats UspAttention<S>::forward() {
+PassStats UlyssesAttention<S>::forward() {
   const double t_pass = comm::wtime();
   const core::Shape& sh = s_.shape;
   const Index B = sh.B, D = sh.D, Hu = hs_.Hu, qr = q_row(), kr = kv_row(), qkv = qr + 2 * kr;
@@ -270,9 +270,9 @@ PassStats UspAttention<S>::forward() {
 }
 
 template <class S>
-PassStats UspAttention<S>::backward() {
+PassStats UlyssesAttention<S>::backward() {
   const double t_pass = comm::wtime();
-  if (!backward_ready_) throw std::logic_error("UspAttention::backward before load_dout");
+  if (!backward_ready_) throw std::logic_error("UlyssesAttention::backward before load_dout");
   const core::Shape& sh = s_.shape;
   const Index B = sh.B, D = sh.D, qr = q_row(), kr = kv_row(), qkv = qr + 2 * kr;
   a2a_.a2a_bwd_send_elems = a2a_.a2a_bwd_recv_elems = 0;
@@ -353,7 +353,7 @@ PassStats UspAttention<S>::backward() {
 }
 
 template <class S>
-void UspAttention<S>::outputs(A* o, A* lse, A* dq, A* dk, A* dv) const {
+void UlyssesAttention<S>::outputs(A* o, A* lse, A* dq, A* dk, A* dv) const {
   auto copy = [](const core::AlignedVector<A>& from, A* to) {
     if (to) std::copy(from.begin(), from.end(), to);
   };
@@ -364,9 +364,9 @@ void UspAttention<S>::outputs(A* o, A* lse, A* dq, A* dk, A* dv) const {
   copy(dv_, dv);
 }
 
-template class UspAttention<float>;
-template class UspAttention<double>;
-template class UspAttention<core::bf16>;
-template class UspAttention<core::f16>;
+template class UlyssesAttention<float>;
+template class UlyssesAttention<double>;
+template class UlyssesAttention<core::bf16>;
+template class UlyssesAttention<core::f16>;
 
 }  // namespace ringattn::runtime

@@ -4,7 +4,7 @@
 
 #include "ringattn/core/errors.hpp"
 #include "ringattn/runtime/ring_attention.hpp"
-#include "ringattn/runtime/usp_attention.hpp"
+#include "ringattn/runtime/ulysses_attention.hpp"
 
 namespace ringattn::runtime {
 
@@ -48,7 +48,7 @@ std::string strategy_rule_violation(StrategyKind k, int given, Index H, int N) {
 template <class S>
 std::unique_ptr<Strategy<S>> make_strategy(const comm::Comm& comm, const StrategySetup& setup) {
   if (setup.kind == StrategyKind::ring) return std::make_unique<RingAttention<S>>(comm, setup);
-  return std::make_unique<UspAttention<S>>(comm, setup);
+  return std::make_unique<UlyssesAttention<S>>(comm, setup);
 }
 
 template std::unique_ptr<Strategy<float>> make_strategy<float>(const comm::Comm&, const StrategySetup&);

@@ -31,11 +31,11 @@
 namespace ringattn::runtime {
 
 template <class S>
-class UspAttention final : public Strategy<S> {
+class UlyssesAttention final : public Strategy<S> {
  public:
   using A = core::accum_t<S>;
   // setup.ulysses_degree is U (setup.kind ulysses: U = N); U divides N and H (the caller checks).
-  UspAttention(const comm::Comm& comm, const StrategySetup& setup);
+  UlyssesAttention(const comm::Comm& comm, const StrategySetup& setup);
 
   void load(const S* q, const S* k, const S* v) override;
   void load_dout(const S* dout) override;
