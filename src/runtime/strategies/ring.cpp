@@ -1,14 +1,14 @@
 #include "ringattn/runtime/ring_attention.hpp"
 
+#include "ring_steps.hpp"
+
 #include "ringattn/comm/simulation.hpp"
 #include "ringattn/core/errors.hpp"
 
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <chrono>
 #include <limits>
-#include <thread>
 #include <type_traits>
 
 namespace ringattn::runtime {
@@ -17,13 +17,6 @@ namespace {
 // One tag per kind of message: within a kind, MPI's non-overtaking order between a pair of
 // ranks keeps steps apart.
 enum Tag : int { kTagForward = 11, kTagReplay = 12, kTagGrad = 13 };
-
-// Timing-only: the work a kernel would do (forward's times `factor`), charged instead of computed.
-core::Work charged(core::Work w, double factor) {
-  w.flops *= factor;
-  comm::charge_flops(w.flops);
-  return w;
-}
 }  // namespace
 
 template <class T>
@@ -112,72 +105,55 @@ void RingAttention<T>::load(const T* q, const T* k, const T* v) {
 
 template <class T>
 PassStats RingAttention<T>::forward() {
-  PassStats ps;
-  const double t_pass = comm::wtime();
+  RingSteps<T> step(s_, r_, ledger_, obs_, Pass::forward, plan_.steps());
   core::OnlineState<A> st{m_.data(), l_.data(), acc_.data()};
-  if (!s_.timing_only) core::init_online_state(pq_, st);
-  ledger_.fwd_kv_send_elems = ledger_.fwd_kv_recv_elems = ledger_.remote_block_elems = 0;
+  if (step.computes()) core::init_online_state(pq_, st);
   const A scale = static_cast<A>(s_.scale);
   const T* cur = kv_own_.data();
-  if (s_.on_step) s_.on_step(0, 0, plan_.steps());
   for (int j = 0; j < plan_.steps(); ++j) {
     const int owner = plan_.owner(r_, j);
     comm::Exchange kvx(comm_);
-    StepRecord rec{Pass::forward, j, owner, 0, 0, 0};
-    if (j == 0 && r_ == s_.hooks.stall_rank)
-      std::this_thread::sleep_for(std::chrono::duration<double>(s_.hooks.stall_s));
+    step.begin(j, owner);
     // The next block is in flight while this one is attended.
     if (plan_.receives(r_, j + 1)) {
       const Index recv = block_elems(plan_.owner(r_, j + 1));
       kvx.irecv(kv_buf_[j % 2].data(), recv * sizeof(T), comm_.prev(), kTagForward);
-      ledger_.fwd_kv_recv_elems += recv;
-      ledger_.remote_block_elems = std::max(ledger_.remote_block_elems, recv);
-      rec.bytes += recv * static_cast<Index>(sizeof(T));
+      step.kv_received(recv);
     }
     if (plan_.sends(r_, j)) {
       const Index send = block_elems(owner);
       kvx.isend(cur, send * sizeof(T), comm_.next(), kTagForward);
-      ledger_.fwd_kv_send_elems += send;
-      rec.bytes += send * static_cast<Index>(sizeof(T));
+      step.kv_sent(send);
     }
     if (plan_.holds(r_, j)) {
-      const double t0 = comm::wtime();
-      if (s_.timing_only)
-        ps.work += charged(core::count_block_forward(qshard_, view(owner, cur), *s_.mask, ws_), 1.0);
-      else
-        ps.work += core::block_forward(qshard_, view(owner, cur), *s_.mask, scale, st, ws_, [&] {
-          kvx.test();
-          if (s_.poll) s_.poll();
-        });
-      rec.compute_s = comm::wtime() - t0;
-      if (obs_) obs_->forward_block(j, owner, pq_, m_.data(), l_.data(), acc_.data());
+      step.compute(
+          [&] {
+            return core::block_forward(qshard_, view(owner, cur), *s_.mask, scale, st, ws_, [&] {
+              kvx.test();
+              if (s_.poll) s_.poll();
+            });
+          },
+          [&] { return core::count_block_forward(qshard_, view(owner, cur), *s_.mask, ws_); }, 1.0);
+      step.forward_block(owner, pq_, m_.data(), l_.data(), acc_.data());
     }
-    rec.wait_s = kvx.wait([&] {
+    step.waited(kvx.wait([&] {
       return fmt::format("rank {} forward step {} (of 0..{}): the K/V block of rank {} from rank {}", r_, j + 1,
                          plan_.steps() - 1, plan_.owner(r_, j + 1), comm_.prev());
-    });
+    }));
     if (plan_.receives(r_, j + 1)) cur = kv_buf_[j % 2].data();
-    ps.compute_s += rec.compute_s;
-    ps.wait_s += rec.wait_s;
-    ps.steps.push_back(rec);
-    if (s_.poll) s_.poll();
-    if (s_.on_step) s_.on_step(0, j + 1, plan_.steps());
+    step.end();
   }
-  if (!s_.timing_only) core::finalize_forward(pq_, st, lse_.data());
+  if (step.computes()) core::finalize_forward(pq_, st, lse_.data());
   ledger_.ring_bytes(Index(sizeof(T)), Index(sizeof(A)));
-  ps.total_s = comm::wtime() - t_pass;
-  return ps;
+  return step.finish();
 }
 
 template <class T>
 PassStats RingAttention<T>::backward() {
-  PassStats ps;
-  const double t_pass = comm::wtime();
+  RingSteps<T> step(s_, r_, ledger_, obs_, Pass::backward, plan_.steps());
   allocate_backward();
-  ledger_.replay_kv_send_elems = ledger_.replay_kv_recv_elems = 0;
-  ledger_.grad_send_elems = ledger_.grad_recv_elems = 0;
   const A scale = static_cast<A>(s_.scale);
-  if (!s_.timing_only) {
+  if (step.computes()) {
     core::compute_delta(pq_, dout_.data(), acc_.data(), delta_.data());
     std::fill(dq_.begin(), dq_.end(), A(0));
     std::fill(dkv_own_.begin(), dkv_own_.end(), A(0));
@@ -191,16 +167,15 @@ PassStats RingAttention<T>::backward() {
   // the next one is computed into the other send buffer; the owner receives it into its one
   // receive buffer (posted once the previous contribution is summed) and sums it as step j+1 ends.
   bool pending[2] = {false, false};  // a contribution of the step of this parity is arriving
-  auto finish_grads = [&](int step) {  // the owner sums contributions in step order
-    const int slot = step % 2;
+  auto finish_grads = [&](int j) {  // the owner sums contributions in step order
+    const int slot = j % 2;
     const double w = gx[slot]->wait([&] {
-      return fmt::format("rank {} backward step {} (of 0..{}): gradient return to rank {} / from rank {}", r_, step,
-                         plan_.steps() - 1, plan_.owner(r_, step), (r_ + step) % N_);
+      return fmt::format("rank {} backward step {} (of 0..{}): gradient return to rank {} / from rank {}", r_, j,
+                         plan_.steps() - 1, plan_.owner(r_, j), (r_ + j) % N_);
     });
     if (pending[slot]) {
       pending[slot] = false;
-      if (obs_) obs_->grad_received(step, (r_ + step) % N_, own_elems);
-      if (step != s_.hooks.drop_grad_step && !s_.timing_only) {
+      if (step.grad_received(j, (r_ + j) % N_, own_elems)) {
         const A* src = grad_recv_.data();
         for (Index e = 0; e < own_elems; ++e) dkv_own_[e] += src[e];
       }
@@ -208,75 +183,59 @@ PassStats RingAttention<T>::backward() {
     return w;
   };
   const T* cur = kv_own_.data();
-  if (s_.on_step) s_.on_step(1, 0, plan_.steps());
   for (int j = 0; j < plan_.steps(); ++j) {
     const int owner = plan_.owner(r_, j);
     comm::Exchange kvx(comm_);
-    StepRecord rec{Pass::backward, j, owner, 0, 0, 0};
+    step.begin(j, owner);
     if (plan_.receives(r_, j + 1)) {
       const Index recv = block_elems(plan_.owner(r_, j + 1));
       kvx.irecv(kv_buf_[j % 2].data(), recv * sizeof(T), comm_.prev(), kTagReplay);
-      ledger_.replay_kv_recv_elems += recv;
-      rec.bytes += recv * static_cast<Index>(sizeof(T));
+      step.kv_received(recv);
     }
     if (plan_.sends(r_, j)) {
       const Index send = block_elems(owner);
       kvx.isend(cur, send * sizeof(T), comm_.next(), kTagReplay);
-      ledger_.replay_kv_send_elems += send;
-      rec.bytes += send * static_cast<Index>(sizeof(T));
+      step.kv_sent(send);
     }
     // Own block: accumulate straight into our dK/dV; a remote one: into a send buffer.
     const bool returns = j > 0 && plan_.returns_grad(r_, j);
     if (j == 0 || returns) {
       const Index blk = block_elems(owner);
       A* target = j == 0 ? dkv_own_.data() : grad_send_[j % 2].data();
-      if (j > 0 && !s_.timing_only) std::fill_n(target, blk, A(0));
-      const double t0 = comm::wtime();
-      if (s_.timing_only)
-        ps.work += charged(core::count_block_forward(qshard_, view(owner, cur), *s_.mask, ws_), 2.5);
-      else
-        ps.work += core::block_backward(gq, view(owner, cur), *s_.mask, scale, target, target + blk / 2, ws_, [&] {
-          kvx.test();
-          gx[0]->test();
-          gx[1]->test();
-          if (s_.poll) s_.poll();
-        });
-      rec.compute_s = comm::wtime() - t0;
-      if (obs_) obs_->replay_block(j, owner, packing(owner), target, target + blk / 2);
+      if (j > 0 && step.computes()) std::fill_n(target, blk, A(0));
+      step.compute(
+          [&] {
+            return core::block_backward(gq, view(owner, cur), *s_.mask, scale, target, target + blk / 2, ws_, [&] {
+              kvx.test();
+              gx[0]->test();
+              gx[1]->test();
+              if (s_.poll) s_.poll();
+            });
+          },
+          [&] { return core::count_block_forward(qshard_, view(owner, cur), *s_.mask, ws_); }, 2.5);
+      step.replay_block(owner, packing(owner), target, target + blk / 2);
       if (returns) {
         gx[j % 2]->isend(target, blk * sizeof(A), owner, kTagGrad);
-        if (obs_) obs_->grad_sent(j, owner, blk);
-        ledger_.grad_send_elems += blk;
-        rec.bytes += blk * static_cast<Index>(sizeof(A));
+        step.grad_sent(owner, blk);
       }
     }
-    rec.wait_s = kvx.wait([&] {
+    step.waited(kvx.wait([&] {
       return fmt::format("rank {} backward step {} (of 0..{}): the K/V block of rank {} from rank {}", r_, j + 1,
                          plan_.steps() - 1, plan_.owner(r_, j + 1), comm_.prev());
-    });
-    if (j >= 2) rec.wait_s += finish_grads(j - 1);
+    }));
+    if (j >= 2) step.waited(finish_grads(j - 1));
     const int source = (r_ + j) % N_;  // the rank whose contribution to our block was computed now
     if (j > 0 && plan_.returns_grad(source, j)) {
       gx[j % 2]->irecv(grad_recv_.data(), own_elems * sizeof(A), source, kTagGrad);
       pending[j % 2] = true;
-      ledger_.grad_recv_elems += own_elems;
-      rec.bytes += own_elems * static_cast<Index>(sizeof(A));
+      step.grad_posted(own_elems);
     }
     if (plan_.receives(r_, j + 1)) cur = kv_buf_[j % 2].data();
-    ps.compute_s += rec.compute_s;
-    ps.wait_s += rec.wait_s;
-    ps.steps.push_back(rec);
-    if (s_.poll) s_.poll();
-    if (s_.on_step) s_.on_step(1, j + 1, plan_.steps());
+    step.end();
   }
-  if (plan_.steps() >= 2) {
-    const double w = finish_grads(plan_.steps() - 1);
-    ps.wait_s += w;
-    ps.steps.back().wait_s += w;
-  }
+  if (plan_.steps() >= 2) step.waited_after(finish_grads(plan_.steps() - 1));
   ledger_.ring_bytes(Index(sizeof(T)), Index(sizeof(A)));
-  ps.total_s = comm::wtime() - t_pass;
-  return ps;
+  return step.finish();
 }
 
 template <class T>
