@@ -11,32 +11,32 @@ using namespace ringattn;
 using namespace ringattn::core;
 
 namespace {
-// The seed prints its figures to 3 significant digits; 0.5% of the value is within that print
+// The cost model's worked example is quoted to 3 significant digits; 0.5% of the value is within that print
 // precision for every figure below (and well within 1%).
 void expect_close(double got, double want, const char* what, double rel = 5e-3) {
   EXPECT_NEAR(got, want, rel * std::abs(want)) << what;
 }
 
-// The cost model's worked example (section 2): S=262144, N=8, H=32, HKV=8 (GQA 4), D=128, B=1, bf16, A100 312e12 FLOP/s,
+// The cost model's worked example: S=262144, N=8, H=32, HKV=8 (GQA 4), D=128, B=1, bf16, A100 312e12 FLOP/s,
 // NVLink one-way 300e9 B/s. These are CostInputs' defaults.
-const CostInputs kSeed{};
+const CostInputs kModelExample{};
 }  // namespace
 
-TEST(CostModel, DefaultsAreTheSeedExample) {
-  EXPECT_EQ(kSeed.S, 262144);
-  EXPECT_EQ(kSeed.N, 8);
-  EXPECT_EQ(kSeed.H, 32);
-  EXPECT_EQ(kSeed.HKV, 8);
-  EXPECT_EQ(kSeed.D, 128);
-  EXPECT_EQ(kSeed.B, 1);
-  EXPECT_EQ(kSeed.bytes, 2);
-  EXPECT_EQ(kSeed.flops, 312e12);
-  EXPECT_EQ(kSeed.bandwidth, 300e9);
+TEST(CostModel, DefaultsAreTheModelExample) {
+  EXPECT_EQ(kModelExample.S, 262144);
+  EXPECT_EQ(kModelExample.N, 8);
+  EXPECT_EQ(kModelExample.H, 32);
+  EXPECT_EQ(kModelExample.HKV, 8);
+  EXPECT_EQ(kModelExample.D, 128);
+  EXPECT_EQ(kModelExample.B, 1);
+  EXPECT_EQ(kModelExample.bytes, 2);
+  EXPECT_EQ(kModelExample.flops, 312e12);
+  EXPECT_EQ(kModelExample.bandwidth, 300e9);
 }
 
 // Section 4 and 4.1: 0.94 GB received (7 blocks of 134 MB), 451 ms compute, 3.13 ms comm, 0.69%.
-TEST(CostModel, SeedExampleLayerFigures) {
-  const CostEstimate e = estimate_cost(kSeed);
+TEST(CostModel, ModelExampleLayerFigures) {
+  const CostEstimate e = estimate_cost(kModelExample);
   EXPECT_DOUBLE_EQ(e.recv_bytes, 7.0 / 8.0 * 262144 * 2 * 8 * 128 * 2);  // 939,524,096 B exactly
   expect_close(e.recv_bytes, 0.94e9, "recv 0.94 GB");
   EXPECT_DOUBLE_EQ(e.send_bytes, e.recv_bytes);
@@ -47,8 +47,8 @@ TEST(CostModel, SeedExampleLayerFigures) {
 }
 
 // Section 4: I_step = (H/HKV) S/N = 131,072 and I = (H/HKV) S/(N-1) = 149,797 FLOP/byte; beta 1040.
-TEST(CostModel, SeedExampleIntensities) {
-  const CostEstimate e = estimate_cost(kSeed);
+TEST(CostModel, ModelExampleIntensities) {
+  const CostEstimate e = estimate_cost(kModelExample);
   EXPECT_DOUBLE_EQ(e.step_intensity, 131072.0);
   EXPECT_NEAR(e.layer_intensity, 149797.0, 0.5);
   EXPECT_DOUBLE_EQ(e.beta, 1040.0);
@@ -58,8 +58,8 @@ TEST(CostModel, SeedExampleIntensities) {
 }
 
 // Section 4.1 table: one step computes 56.4 ms and receives one 134 MB block in 0.447 ms (0.79%).
-TEST(CostModel, SeedExampleStepFigures) {
-  const CostEstimate e = estimate_cost(kSeed);
+TEST(CostModel, ModelExampleStepFigures) {
+  const CostEstimate e = estimate_cost(kModelExample);
   expect_close(e.step_compute_s, 56.4e-3, "step compute 56.4 ms");
   expect_close(e.step_comm_s, 0.447e-3, "step comm 0.447 ms");
   expect_close(e.step_comm_ratio, 0.0079, "step comm/compute 0.79%", 1e-2);
@@ -71,8 +71,8 @@ TEST(CostModel, SeedExampleStepFigures) {
 }
 
 // Section 4.2 and 13: Ulysses moves 0.587 GB, tensor parallelism 8.59 GB for the same layer.
-TEST(CostModel, SeedExampleUlyssesAndTensorParallelBytes) {
-  const CostEstimate e = estimate_cost(kSeed);
+TEST(CostModel, ModelExampleUlyssesAndTensorParallelBytes) {
+  const CostEstimate e = estimate_cost(kModelExample);
   EXPECT_DOUBLE_EQ(e.ulysses_recv_bytes, 587202560.0);
   expect_close(e.ulysses_recv_bytes, 0.587e9, "Ulysses 0.587 GB");
   EXPECT_DOUBLE_EQ(e.tp_bytes, 8589934592.0);
@@ -82,23 +82,23 @@ TEST(CostModel, SeedExampleUlyssesAndTensorParallelBytes) {
 
 // Section 6: (N+1)/2N is 56.3% at N = 8 (75, 62.5, 53.1, 51.6% at 2, 4, 16, 32); N/(2N-1) 53.3%.
 TEST(CostModel, CausalUtilizationOfContiguousShards) {
-  expect_close(estimate_cost(kSeed).causal_utilization, 0.563, "56.3%", 1e-3);
-  expect_close(estimate_cost(kSeed).causal_utilization_tri, 0.533, "53.3%", 1e-3);
+  expect_close(estimate_cost(kModelExample).causal_utilization, 0.563, "56.3%", 1e-3);
+  expect_close(estimate_cost(kModelExample).causal_utilization_tri, 0.533, "53.3%", 1e-3);
   const double want[][2] = {{2, 0.75}, {4, 0.625}, {16, 0.531}, {32, 0.516}};
   for (const auto& w : want) {
-    CostInputs in = kSeed;
+    CostInputs in = kModelExample;
     in.N = Index(w[0]);
     expect_close(estimate_cost(in).causal_utilization, w[1], "(N+1)/2N", 1e-3);
   }
-  CostInputs one = kSeed;
+  CostInputs one = kModelExample;
   one.N = 1;
   EXPECT_DOUBLE_EQ(estimate_cost(one).causal_utilization, 1.0);
   EXPECT_DOUBLE_EQ(estimate_cost(one).causal_utilization_tri, 1.0);
 }
 
 // Section 4: across nodes on 400 Gb/s IB (50 GB/s per GPU) the same layer takes 18.8 ms, 4.2%.
-TEST(CostModel, SeedInfiniBandVariant) {
-  CostInputs in = kSeed;
+TEST(CostModel, ModelExampleInfiniBandVariant) {
+  CostInputs in = kModelExample;
   in.bandwidth = 50e9;
   const CostEstimate e = estimate_cost(in);
   expect_close(e.comm_s, 18.8e-3, "comm 18.8 ms");
@@ -109,7 +109,7 @@ TEST(CostModel, SeedInfiniBandVariant) {
 
 // Section 4: N <= (H/HKV) S / beta with beta = 19,780 and GQA 4: 128K -> 26.5, 32K -> 6.6, 8K -> 1.7.
 TEST(CostModel, MaxRanksIsTheLargestNWithStepIntensityAtLeastBeta) {
-  CostInputs in = kSeed;
+  CostInputs in = kModelExample;
   in.flops = 19780e9;
   in.bandwidth = 1e9;
   const struct {
@@ -137,7 +137,7 @@ TEST(CostModel, MaxRanksIsTheLargestNWithStepIntensityAtLeastBeta) {
 
 // Section 8's counter-example: 8K, GQA 4, N = 8 across IB: I_step 4096 against beta 19,780.
 TEST(CostModel, ShortSequenceAcrossNodesIsNotNegligible) {
-  CostInputs in = kSeed;
+  CostInputs in = kModelExample;
   in.S = 8192;
   in.flops = 19780e9;
   in.bandwidth = 1e9;
@@ -148,9 +148,9 @@ TEST(CostModel, ShortSequenceAcrossNodesIsNotNegligible) {
 
 // Section 4 end: causal halves the useful work (and the intensities), not the bytes.
 TEST(CostModel, CausalHalvesWorkAndIntensityButNotBytes) {
-  CostInputs in = kSeed;
+  CostInputs in = kModelExample;
   in.causal = true;
-  const CostEstimate c = estimate_cost(in), f = estimate_cost(kSeed);
+  const CostEstimate c = estimate_cost(in), f = estimate_cost(kModelExample);
   EXPECT_DOUBLE_EQ(c.recv_bytes, f.recv_bytes);
   EXPECT_DOUBLE_EQ(c.comm_s, f.comm_s);
   EXPECT_DOUBLE_EQ(c.compute_s, 0.5 * f.compute_s);
@@ -164,9 +164,9 @@ TEST(CostModel, CausalHalvesWorkAndIntensityButNotBytes) {
 
 // The element size enters only through the bytes: I_step = (H/HKV)(S/N)(2/p).
 TEST(CostModel, ElementSizeScalesBytesAndIntensity) {
-  CostInputs in = kSeed;
+  CostInputs in = kModelExample;
   in.bytes = 4;  // f32
-  const CostEstimate e = estimate_cost(in), f = estimate_cost(kSeed);
+  const CostEstimate e = estimate_cost(in), f = estimate_cost(kModelExample);
   EXPECT_DOUBLE_EQ(e.recv_bytes, 2 * f.recv_bytes);
   EXPECT_DOUBLE_EQ(e.step_intensity, 0.5 * f.step_intensity);
   EXPECT_DOUBLE_EQ(e.layer_intensity, 0.5 * f.layer_intensity);
@@ -176,17 +176,17 @@ TEST(CostModel, ElementSizeScalesBytesAndIntensity) {
 
 // Batch and head dim cancel in both intensities (section 4: "与头维度 d 无关，与批大小 b 无关").
 TEST(CostModel, IntensityIndependentOfBatchAndHeadDim) {
-  CostInputs in = kSeed;
+  CostInputs in = kModelExample;
   in.B = 3;
   in.D = 64;
-  const CostEstimate e = estimate_cost(in), f = estimate_cost(kSeed);
+  const CostEstimate e = estimate_cost(in), f = estimate_cost(kModelExample);
   EXPECT_DOUBLE_EQ(e.step_intensity, f.step_intensity);
   EXPECT_NEAR(e.layer_intensity, f.layer_intensity, 1e-9 * f.layer_intensity);
   EXPECT_NEAR(e.comm_ratio, f.comm_ratio, 1e-12);
 }
 
 TEST(CostModel, OneRankNeverCommunicates) {
-  CostInputs in = kSeed;
+  CostInputs in = kModelExample;
   in.N = 1;
   const CostEstimate e = estimate_cost(in);
   EXPECT_EQ(e.recv_bytes, 0);
@@ -217,19 +217,19 @@ TEST(CostModel, RejectsBadInputsNamingTheOption) {
     }
     return "";
   };
-  CostInputs in = kSeed;
+  CostInputs in = kModelExample;
   in.HKV = 5;
   EXPECT_EQ(message(in).rfind("--kv-heads:", 0), 0u) << message(in);
-  in = kSeed;
+  in = kModelExample;
   in.N = 0;
   EXPECT_EQ(message(in).rfind("--ranks:", 0), 0u) << message(in);
-  in = kSeed;
+  in = kModelExample;
   in.bandwidth = 0;
   EXPECT_EQ(message(in).rfind("--bandwidth:", 0), 0u) << message(in);
-  in = kSeed;
+  in = kModelExample;
   in.flops = -1;
   EXPECT_EQ(message(in).rfind("--flops:", 0), 0u) << message(in);
-  in = kSeed;
+  in = kModelExample;
   in.bytes = std::nan("");
   EXPECT_EQ(message(in).rfind("--bytes:", 0), 0u) << message(in);
 }
@@ -237,15 +237,15 @@ TEST(CostModel, RejectsBadInputsNamingTheOption) {
 // The strategies side by side: ulysses receives what the runtime's all-to-all ledger counts, the
 // the cost model's 0.587 GB without LSE; the ring row is the ring's own figures; usp sits between.
 TEST(CostModel, StrategiesSideBySide) {
-  const std::vector<StrategyEstimate> st = estimate_strategies(kSeed);
+  const std::vector<StrategyEstimate> st = estimate_strategies(kModelExample);
   ASSERT_EQ(st.size(), 4u);  // ring, ulysses, usp U=2, usp U=4
-  const CostEstimate ring = estimate_cost(kSeed);
+  const CostEstimate ring = estimate_cost(kModelExample);
   EXPECT_EQ(st[0].strategy, "ring");
   EXPECT_DOUBLE_EQ(st[0].recv_bytes, ring.recv_bytes);
   EXPECT_DOUBLE_EQ(st[0].step_intensity, ring.step_intensity);
   EXPECT_EQ(st[0].a2a_recv_elems, 0);
   EXPECT_EQ(st[1].strategy, "ulysses");
-  EXPECT_DOUBLE_EQ(st[1].a2a_recv_elems * kSeed.bytes, ring.ulysses_recv_bytes);
+  EXPECT_DOUBLE_EQ(st[1].a2a_recv_elems * kModelExample.bytes, ring.ulysses_recv_bytes);
   EXPECT_EQ(st[1].ring_recv_bytes, 0);
   EXPECT_EQ(st[2].U, 2);
   EXPECT_EQ(st[3].U, 4);

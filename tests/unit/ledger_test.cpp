@@ -7,7 +7,7 @@ using namespace ringattn::core;
 
 // The worked two-rank, five-position example (D = 2, H = HKV = B = 1, float64): rank 0 sends
 // 8 + 8 + 12 elements (224 B) and receives 12 + 12 + 8 (256 B); rank 1 the reverse.
-TEST(Ledger, SeedExampleMatchesThePublishedAccounting) {
+TEST(Ledger, WorkedExampleMatchesTheHandAccounting) {
   const Layout l = Layout::partitioned({2, 3});
   const Shape s{1, 5, 1, 1, 2};
   const Ledger r0 = expected_ledger(l, s, 0, true), r1 = expected_ledger(l, s, 1, true);

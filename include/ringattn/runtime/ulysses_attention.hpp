@@ -4,14 +4,14 @@
 // N = U x R ranks. Rank r is member u = r mod U of Ulysses group g = r div U (consecutive ranks,
 // i.e. one node when a hostfile fills nodes in order); member u of every group forms ring u of R
 // ranks. Forward, on every rank:
-//   pass 1: all-to-all inside the group: each rank sends member v the q, k, v of its own positions
+//   phase 1: all-to-all inside the group: each rank sends member v the q, k, v of its own positions
 //           for v's heads (core::HeadSplit), and receives from every member its positions for its
 //           own heads, so it holds the group's positions (their union, in global order) for H/U
 //           query heads and the kv heads they read;
-//   pass 2: the ring (RingAttention) over the R groups on that head slice, with a layout whose
+//   phase 2: the ring (RingAttention) over the R groups on that head slice, with a layout whose
 //           shard g is group g's positions; masks read global positions, so they hold unchanged.
 //           With R = 1 (ulysses, U = N) this is attention over all S positions on one rank;
-//   pass 3: all-to-all back: O and LSE of each member's positions return to it.
+//   phase 3: all-to-all back: O and LSE of each member's positions return to it.
 // Backward: dO goes as q did; the ring's backward; dQ, dK, dV return to the owners of the
 // positions, which sum the dK/dV of replicated kv heads in a fixed order (member, then copy), so
 // results are bitwise reproducible for a given N, U and layout.

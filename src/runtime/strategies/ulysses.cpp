@@ -202,7 +202,7 @@ PassStats UlyssesAttention<S>::forward() {
   a2a_.a2a_fwd_send_elems = a2a_.a2a_fwd_recv_elems = 0;
   a2a_bytes_[0][0] = a2a_bytes_[0][1] = 0;
 
-  // pass 1: q, k, v of every member's positions for this member's heads
+  // phase 1: q, k, v of every member's positions for this member's heads
   StepRecord in{Pass::forward, 0, -1, 0, 0, 0, Phase::a2a};
   const std::vector<Index> own(U_, L_);
   exchange(Pass::forward, qkv_send_, scaled(own, B * qkv), qkv_recv_, scaled(Lw_, B * qkv), "the q/k/v all-to-all",
@@ -227,11 +227,11 @@ PassStats UlyssesAttention<S>::forward() {
   inner_->load(q_g_.data(), k_g_.data(), v_g_.data());
   in.compute_s = comm::wtime() - t0;  // rearranging, not attention: kept out of the pass's compute
 
-  // pass 2: the ring over the groups on this head slice
+  // phase 2: the ring over the groups on this head slice
   const PassStats ring = inner_->forward();
   if (!s_.timing_only) inner_->outputs(o_g_.data(), lse_g_.data(), nullptr, nullptr, nullptr);
 
-  // pass 3: O and LSE back to the owners of the positions
+  // phase 3: O and LSE back to the owners of the positions
   StepRecord out{Pass::forward, 1, -1, 0, 0, 0, Phase::a2a};
   t0 = comm::wtime();
   const Index ret = qr + Hu;  // per position: O [Hu, D] and LSE [Hu]
