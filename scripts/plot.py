@@ -28,13 +28,40 @@ import os
 import sys
 from collections import defaultdict
 
-import matplotlib
+plt = None  # matplotlib.pyplot, imported by the charts only (the --table needs no matplotlib)
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+
+def pyplot():
+    global plt
+    if plt is None:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot
+
+        plt = matplotlib.pyplot
+    return plt
+
 
 LAYOUT_STYLE = {"contiguous": ("o", "-"), "zigzag": ("s", "--"), "striped": ("^", ":")}
-COLORS = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+# matplotlib's default cycle, written out so that the charts and the table need no import
+COLORS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf"]
+# One colour and one marker per strategy, the same in every chart: ring blue circles, ulysses
+# orange squares, usp a green/red/purple/brown triangle or diamond by its U.
+STRATEGY_STYLE = {"ring": ("#1f77b4", "o"), "ulysses": ("#ff7f0e", "s"), "usp:2": ("#2ca02c", "^"),
+                  "usp:4": ("#d62728", "v"), "usp:8": ("#9467bd", "D"), "usp:16": ("#8c564b", "P")}
+
+
+def strategy_style(name):
+    """(colour, marker) of a strategy named ring, ulysses or usp:U (usp U=U also accepted)."""
+    name = name.replace(" U=", ":")
+    return STRATEGY_STYLE.get(name, ("#e377c2", "X"))
+
+
+def legend_outside(fig, ax_or_handles, ncol=1):
+    """One legend to the right of the axes, so that it covers no data."""
+    handles, labels = ax_or_handles.get_legend_handles_labels()
+    fig.legend(handles, labels, loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=8, ncol=ncol, frameon=False)
 
 
 def num(v):
@@ -81,19 +108,21 @@ def n_label(n, cores):
 
 
 def plot_time(rows, out, cores):
+    """Forward + backward time against S per N and layout, for the ring (the strategies chart compares
+    strategies)."""
+    rows = [r for r in rows if r["strategy"] == "ring"] or rows
     masks = sorted({r["causal"] for r in rows})
-    fig, axes = plt.subplots(1, len(masks), figsize=(7.5 * len(masks), 5.5), squeeze=False)
+    fig, axes = plt.subplots(1, len(masks), figsize=(6.5 * len(masks), 5), squeeze=False)
     colors = color_of({r["N"] for r in rows})
-    several = len({strategy_label(r) for r in rows}) > 1
     for ax, causal in zip(axes[0], masks):
         groups = defaultdict(list)
         for r in rows:
             if r["causal"] == causal and r["forward_s"] is not None and r["backward_s"] is not None:
-                groups[(r["N"], r["layout"], strategy_label(r))].append((r["S"], r["forward_s"] + r["backward_s"]))
-        for (n, layout, st), pts in sorted(groups.items()):
+                groups[(r["N"], r["layout"])].append((r["S"], r["forward_s"] + r["backward_s"]))
+        for (n, layout), pts in sorted(groups.items()):
             pts.sort()
             marker, ls = LAYOUT_STYLE.get(layout, ("x", "-."))
-            label = n_label(n, cores) + ("" if n == 1 else f", {layout}") + (f", {st}" if several and n > 1 else "")
+            label = n_label(n, cores) + ("" if n == 1 else f", {layout}")
             ax.plot([p[0] for p in pts], [p[1] for p in pts], marker=marker, linestyle=ls, color=colors[n],
                     label=label)
         # an S^2 guide through the median of the N=1 (or smallest N) points
@@ -105,14 +134,14 @@ def plot_time(rows, out, cores):
             ax.plot(xs, [t0 * (x / s0) ** 2 for x in xs], color="gray", linewidth=0.8, alpha=0.6, label="~S² (guide)")
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
-        ax.set_xlabel("S (total positions)")
-        ax.set_ylabel("forward + backward time (s), slowest rank, median")
-        ax.set_title(("causal" if causal else "non-causal") + ": time against S")
+        ax.set_xlabel("S (positions)")
+        ax.set_ylabel("forward + backward time (s), slowest rank")
+        ax.set_title(("causal" if causal else "non-causal") + ": time against S", fontsize=10)
         ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=8)
-    fig.suptitle(f"ringattn sweep: {shape_title(rows)}")
+    legend_outside(fig, axes[0][0])
+    fig.suptitle(f"ringattn sweep, ring: {shape_title(rows)}", fontsize=10)
     fig.tight_layout()
-    fig.savefig(out, dpi=110)
+    fig.savefig(out, dpi=110, bbox_inches="tight")
     plt.close(fig)
 
 
@@ -120,7 +149,8 @@ def plot_wait(rows, out, beta, beta_note, cores):
     floor = 1e-4  # log axes: an exposed wait of exactly 0 is drawn here
     panels = (("fwd_wait_ratio", "forward pass (last iteration's trace)"),
               ("wait_ratio", "forward + backward (median over iterations)"))
-    pts = [r for r in rows if r["N"] > 1 and r["step_intensity"]]
+    # the ring's steps (usp's ring between groups has another I_step and would share the markers)
+    pts = [r for r in rows if r["N"] > 1 and r["step_intensity"] and r["strategy"] == "ring"]
     fig, axes = plt.subplots(1, 2, figsize=(15, 6), sharey=True)
     colors = color_of({r["N"] for r in pts} or {2})
     layouts = sorted({r["layout"] for r in pts})
@@ -160,57 +190,56 @@ def plot_wait(rows, out, beta, beta_note, cores):
                  "I_step = (H/HKV)(S/N)(2/p), halved when causal; layouts offset ±4% along x so they stay visible",
                  fontsize=10)
     fig.tight_layout()
-    fig.savefig(out, dpi=110)
+    fig.savefig(out, dpi=110, bbox_inches="tight")
     plt.close(fig)
 
 
-STRATEGY_MARKER = {"ring": "o", "ulysses": "s"}
-
-
 def plot_strategies(rows, out, cores):
-    """Each strategy over S: forward + backward time, and the exposed wait (all-to-all part dashed)."""
+    """Each strategy over S: forward + backward time, and the exposed wait with its all-to-all part.
+    Colour and marker name the strategy; the line style names N."""
     use = [r for r in rows if r["N"] > 1 and r["forward_s"] is not None and r["backward_s"] is not None]
     masks = sorted({r["causal"] for r in use}) or [0]
-    fig, axes = plt.subplots(len(masks), 2, figsize=(15, 5.5 * len(masks)), squeeze=False)
-    labels = sorted({strategy_label(r) for r in use})
-    colors = {st: COLORS[i % len(COLORS)] for i, st in enumerate(labels)}
+    fig, axes = plt.subplots(len(masks), 2, figsize=(12, 4.8 * len(masks)), squeeze=False)
     styles = ["-", "--", ":", "-."]
     ns = sorted({r["N"] for r in use})
     for row_axes, causal in zip(axes, masks):
         groups = defaultdict(list)
         for r in use:
             if r["causal"] == causal:
-                groups[(r["N"], strategy_label(r), r["layout"])].append(r)
-        for (n, st, layout), rs in sorted(groups.items()):
-            rs.sort(key=lambda r: r["S"])
-            marker = STRATEGY_MARKER.get(st.split()[0], "^")
+                groups[(strategy_label(r), r["N"], r["layout"])].append(r)
+        order = lambda k: (list(STRATEGY_STYLE).index(k[0].replace(" U=", ":"))  # noqa: E731
+                           if k[0].replace(" U=", ":") in STRATEGY_STYLE else 99, k[1], k[2])
+        for (st, n, layout) in sorted(groups, key=order):
+            rs = sorted(groups[(st, n, layout)], key=lambda r: r["S"])
+            color, marker = strategy_style(st)
             ls = styles[ns.index(n) % len(styles)]
-            label = f"{st}, {n_label(n, cores)}, {layout}"
+            label = f"{st}, {n_label(n, cores)}" + (f", {layout}" if len({k[2] for k in groups}) > 1 else "")
             row_axes[0].plot([r["S"] for r in rs], [r["forward_s"] + r["backward_s"] for r in rs], marker=marker,
-                             linestyle=ls, color=colors[st], label=label)
+                             linestyle=ls, color=color, label=label, markersize=7)
             waits = [(r["S"], r["wait_s"], r["a2a_wait_s"]) for r in rs if r["wait_s"] is not None]
-            row_axes[1].plot([w[0] for w in waits], [max(w[1], 1e-6) for w in waits], marker=marker, linestyle=ls,
-                             color=colors[st], label=label + ": exposed wait")
+            row_axes[1].plot([w[0] for w in waits], [max(w[1], 1e-5) for w in waits], marker=marker, linestyle=ls,
+                             color=color, markersize=7)
             a2a = [w for w in waits if w[2]]
             if a2a:
-                row_axes[1].plot([w[0] for w in a2a], [max(w[2], 1e-6) for w in a2a], marker=marker, linestyle=":",
-                                 color=colors[st], alpha=0.6, label=label + ": of it in all-to-alls")
+                row_axes[1].plot([w[0] for w in a2a], [max(w[2], 1e-5) for w in a2a], marker=marker,
+                                 linestyle="none", color=color, markerfacecolor="none", markersize=11, alpha=0.8)
         what = "causal" if causal else "non-causal"
-        for ax, ylabel in ((row_axes[0], "forward + backward time (s), slowest rank, median"),
-                           (row_axes[1], "exposed wait (s), slowest rank, forward + backward")):
+        for ax, ylabel in ((row_axes[0], "forward + backward time (s), slowest rank"),
+                           (row_axes[1], "exposed wait (s), slowest rank")):
             ax.set_xscale("log", base=2)
             ax.set_yscale("log")
-            ax.set_xlabel("S (total positions)")
+            ax.set_xlabel("S (positions)")
             ax.set_ylabel(ylabel)
             ax.grid(True, which="both", alpha=0.3)
-            ax.legend(fontsize=7)
-        row_axes[0].set_title(f"{what}: time against S per strategy")
-        row_axes[1].set_title(f"{what}: what overlap did not hide")
+        row_axes[0].set_title(f"{what}: time against S", fontsize=10)
+        row_axes[1].set_title(f"{what}: wait that overlap did not hide\n"
+                              "(hollow: the part spent in all-to-alls)", fontsize=10)
     if not use:
         axes[0][0].set_title("no runs with N > 1: nothing to compare")
-    fig.suptitle(f"ringattn strategies: {shape_title(use or rows)}")
+    legend_outside(fig, axes[0][0])
+    fig.suptitle(f"ringattn strategies: {shape_title(use or rows)}", fontsize=10)
     fig.tight_layout()
-    fig.savefig(out, dpi=110)
+    fig.savefig(out, dpi=110, bbox_inches="tight")
     plt.close(fig)
 
 
@@ -218,7 +247,7 @@ def plot_imbalance(rows, out, cores):
     rows = [r for r in rows if r["strategy"] == "ring"] or rows  # the layouts' balance, as the ring sees it
     causal = [r for r in rows if r["causal"] and r["N"] > 1 and r["imbalance"] is not None]
     use = causal or [r for r in rows if r["N"] > 1 and r["imbalance"] is not None]
-    fig, ax = plt.subplots(figsize=(8.5, 5.5))
+    fig, ax = plt.subplots(figsize=(7, 5))
     ns = sorted({r["N"] for r in use})
     layouts = [l for l in LAYOUT_STYLE if any(r["layout"] == l for r in use)]
     layouts += sorted({r["layout"] for r in use} - set(layouts))
@@ -251,15 +280,16 @@ def plot_imbalance(rows, out, cores):
     ax.set_ylim(0, max([r["imbalance"] for r in use] + [2.0]) * 1.25)
     ax.set_title(f"Load imbalance per layout{'' if causal else ' (no causal rows: every layout is balanced)'}\n"
                  f"{shape_title(use or rows)}", fontsize=10)
-    ax.legend(fontsize=8, loc="upper left")
+    legend_outside(fig, ax)
     ax.grid(True, axis="y", alpha=0.3)
     fig.tight_layout()
-    fig.savefig(out, dpi=110)
+    fig.savefig(out, dpi=110, bbox_inches="tight")
     plt.close(fig)
 
 
 def plot_simulated(path, out):
-    """A scripts/simulate.sh --sweep CSV: simulated exposed wait against plan's prediction, one panel per S."""
+    """A scripts/simulate.sh --sweep CSV: simulated exposed wait against plan's prediction, one panel
+    per S; colour and marker name the strategy, solid the simulation, dashed plan."""
     rows = [r for r in csv.DictReader(open(path, newline="")) if r.get("status") == "ok"]
     if not rows:
         return False
@@ -270,33 +300,44 @@ def plot_simulated(path, out):
             name = f"usp:{r['ulysses_degree']}"
         panels[int(r["S"])][name].append(r)
     floor = 1e-4
-    fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 4.8), squeeze=False, sharey=True)
+    order = lambda name: list(STRATEGY_STYLE).index(name) if name in STRATEGY_STYLE else 99  # noqa: E731
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.6 * len(panels), 4.4), squeeze=False, sharey=True)
     for ax, (S, groups) in zip(axes[0], sorted(panels.items())):
-        for i, (strategy, g) in enumerate(sorted(groups.items())):
-            g.sort(key=lambda r: int(r["N"]))
-            c = COLORS[i % len(COLORS)]
+        for strategy in sorted(groups, key=order):
+            g = sorted(groups[strategy], key=lambda r: int(r["N"]))
+            c, marker = strategy_style(strategy)
             ns = [int(r["N"]) for r in g]
-            ax.plot(ns, [max(floor, num(r["exposed_wait"]) or 0) for r in g], "o-", color=c,
-                    label=f"{strategy}: simulated exposed wait")
-            ax.plot(ns, [max(floor, num(r["plan_exposed"]) or 0) for r in g], "--", color=c,
-                    label=f"{strategy}: plan, 1 − compute/predicted")
+            ax.plot(ns, [max(floor, num(r["exposed_wait"]) or 0) for r in g], marker=marker, linestyle="-", color=c,
+                    label=f"{strategy}: simulated", markersize=6)
+            # plan predicts no wait at all while I_step >= beta: those points are left out (log axis)
+            plan = [(n, num(r["plan_exposed"])) for n, r in zip(ns, g) if (num(r["plan_exposed"]) or 0) > 0]
+            ax.plot([p[0] for p in plan], [p[1] for p in plan], linestyle="--", color=c, lw=1,
+                    label=f"{strategy}: plan's prediction")
             if strategy == "ring":
-                ax.plot(ns, [num(r["plan_comm_ratio"]) for r in g], ":", color=c, lw=1, label="ring: plan β/I_step")
                 bound = num(g[0]["plan_max_ranks_bound"])
                 if bound:
-                    ax.axvline(bound, color=c, lw=0.8, alpha=0.5)
+                    ax.axvline(bound, color=c, lw=0.8, alpha=0.5, linestyle=":",
+                               label="ring: plan's bound on N (I_step = β)")
         ax.axhline(0.05, color="grey", lw=0.8)
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
-        ax.set_title(f"S = {S // 1024}K" if S % 1024 == 0 else f"S = {S}", fontsize=10)
-        ax.set_xlabel("simulated ranks N (vertical line: plan's bound for the ring)")
-        ax.legend(fontsize=6)
-    axes[0][0].set_ylabel("exposed wait / time (slowest rank); grey: 5%")
+        allns = sorted({int(r["N"]) for g in groups.values() for r in g})
+        ax.set_xticks(allns, [str(n) for n in allns], fontsize=8)
+        ax.minorticks_off()
+        ax.set_title(f"S = {S // 1024}K positions" if S % 1024 == 0 else f"S = {S} positions", fontsize=10)
+        ax.set_xlabel("simulated ranks N")
+        ax.grid(True, which="both", alpha=0.3)
+    axes[0][0].set_ylabel("exposed wait / forward + backward time\n(slowest rank; grey line: 5%)")
+    # the legend of the panel with the most strategies: every strategy once
+    richest = max(range(len(panels)), key=lambda i: len(list(sorted(panels.items()))[i][1]))
+    legend_outside(fig, axes[0][richest])
     r = rows[0]
-    fig.suptitle(f"{r['platform']}: H={r['H']} HKV={r['HKV']} D={r['D']} {r['dtype']}"
-                 f"{', causal' if r['causal'] == '1' else ''}; values below {floor:g} drawn at {floor:g}", fontsize=9)
+    fig.suptitle(f"Simulated on {r['platform']}.xml: H={r['H']} HKV={r['HKV']} D={r['D']} {r['dtype']}"
+                 f"{', causal' if r['causal'] == '1' else ''}, forward + backward; dashed: plan's prediction "
+                 "(left out where it predicts no wait)",
+                 fontsize=10)
     fig.tight_layout()
-    fig.savefig(out, dpi=110)
+    fig.savefig(out, dpi=110, bbox_inches="tight")
     plt.close(fig)
     return True
 
@@ -359,6 +400,7 @@ def main():
                 return 2
             print(table)
             return 0
+        pyplot()
         out = os.path.join(a.outdir or os.path.dirname(os.path.abspath(a.csv)),
                            os.path.splitext(os.path.basename(a.csv))[0] + "_simulated.png")
         if not plot_simulated(a.csv, out):
@@ -396,6 +438,7 @@ def main():
     if not beta:
         note = "no β: pass --beta or --probe (ringattn probe --json) to draw the model line"
 
+    pyplot()
     outs = [os.path.join(outdir, f"{stem}_{k}.png") for k in ("time", "wait", "imbalance", "strategies")]
     plot_time(rows, outs[0], a.cores)
     plot_wait(rows, outs[1], beta, note, a.cores)

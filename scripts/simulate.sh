@@ -53,6 +53,7 @@ source "$(dirname "$0")/common.sh"
 
 SMPI_BUILD="${RINGATTN_SMPI_BUILD:-$ROOT/build-smpi}"
 SMPI_BIN="$SMPI_BUILD/ringattn"
+TOOLS="$ROOT/scripts/simulate_tools.py"  # what this script computes in Python
 die() { echo "simulate.sh: error: $*" >&2; exit 2; }
 usage() { sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; }
 
@@ -132,40 +133,14 @@ host_speed() {
   echo "simulate: measuring this host's kernel rate (ringattn probe)" >&2
   local rate
   rate="$(mpirun -np 1 "$BIN" probe --seq 4096 --heads 8 --head-dim 128 --json |
-    /usr/bin/python3 -c 'import json,sys; print("%.6g" % json.load(sys.stdin)["compute_flops"])')"
+    /usr/bin/python3 "$TOOLS" rate)"
   echo "$rate" >"$SMPI_BUILD/host-speed"
   echo "$rate"
 }
 
 # Facts of a platform file: "hosts" (one line per rank it holds) or the cost model's machine figures.
 platform_info() {  # platform_info FILE hosts|flops|bandwidth
-  /usr/bin/python3 - "$1" "$2" <<'EOF'
-import re, sys, xml.etree.ElementTree as ET
-path, what = sys.argv[1:]
-def num(v):
-    m = re.fullmatch(r"([0-9.eE+-]+)\s*([a-zA-Z]*)", v.strip())
-    x, u = float(m.group(1)), m.group(2)
-    scale = {"": 1, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15}
-    for suffix in ("Bps", "f", "s"):
-        if u.endswith(suffix): u = u[: -len(suffix)]
-    return x * scale[u]
-root = ET.parse(path).getroot()
-hosts, flops, bw = [], None, None
-for c in root.iter("cluster"):
-    a, b = (int(x) for x in c.get("radical").split("-"))
-    cores = int(c.get("core", "1"))
-    # one line per rank (smpirun would otherwise write an unrolled copy into the working directory)
-    hosts += [f'{c.get("prefix")}{i}{c.get("suffix", "")}' for i in range(a, b + 1) for _ in range(cores)]
-    flops = flops or num(c.get("speed"))
-    # ring neighbours share a node when nodes hold several ranks
-    bw = bw or num(c.get("loopback_bw") if cores > 1 and c.get("loopback_bw") else c.get("bw"))
-for h in root.iter("host"):
-    hosts += [h.get("id")] * int(h.get("core", "1"))
-    flops = flops or num(h.get("speed"))
-if what == "hosts": print("\n".join(hosts))
-elif what == "flops": print("%.6g" % flops)
-else: print("%.6g" % bw)
-EOF
+  /usr/bin/python3 "$TOOLS" platform "$1" "$2"
 }
 
 # simulate PLATFORM N [ringattn run options]: one simulated job; its exit code.
@@ -235,16 +210,7 @@ EOF
     args=(--seq "$S" --heads 8 --head-dim 128 --causal --warmup 1 --iters 3)
     mpirun -np 2 "$BIN" run "${args[@]}" --report "$tmp/real.json" >/dev/null
     simulate "$twin" 2 "${args[@]}" --report "$tmp/sim.json" >/dev/null
-    /usr/bin/python3 - "$S" "$tmp/real.json" "$tmp/sim.json" <<'EOF'
-import json, sys
-S, real, sim = sys.argv[1], json.load(open(sys.argv[2])), json.load(open(sys.argv[3]))
-def fig(r):
-    return (r["time"]["forward_s"], r["time"]["backward_s"], max(x["time"]["compute_s"] for x in r["ranks"]))
-a, b = fig(real), fig(sim)
-print(f"S={S}: real N=2 forward {a[0]*1e3:.1f} ms backward {a[1]*1e3:.1f} ms compute {a[2]*1e3:.1f} ms | "
-      f"simulated forward {b[0]*1e3:.1f} ms backward {b[1]*1e3:.1f} ms compute {b[2]*1e3:.1f} ms | "
-      f"simulated/real: forward {b[0]/a[0]:.3f} backward {b[1]/a[1]:.3f} compute {b[2]/a[2]:.3f}")
-EOF
+    /usr/bin/python3 "$TOOLS" calibrate "$S" "$tmp/real.json" "$tmp/sim.json"
   done
   ;;
 
@@ -285,14 +251,14 @@ plan_verdict plan_recommended recommended"
           continue
         fi
         # The busiest rank's forward + backward flops (3.5 x 4 B (S/N) S H D, halved when causal).
-        flops="$(/usr/bin/python3 -c "print(3.5*4*($S/$N)*$S*$HEADS*$HEAD_DIM*(0.5 if $CAUSAL else 1))")"
+        flops="$(/usr/bin/python3 "$TOOLS" busiest-flops "$S" "$N" "$HEADS" "$HEAD_DIM" "$CAUSAL")"
         args=(--seq "$S" --heads "$HEADS" --kv-heads "$KV_HEADS" --head-dim "$HEAD_DIM" --dtype "$DTYPE"
               --report "$tmp/report.json")
         [ "$strategy" != ring ] && args+=(--strategy "$strategy")
         [ "$strategy" = usp ] && args+=(--ulysses-degree "$U")
         [ "$CAUSAL" = 1 ] && args+=(--causal)
         mode=real
-        if /usr/bin/python3 -c "import sys; sys.exit(0 if $flops > $REAL_MAX_FLOPS else 1)"; then
+        if /usr/bin/python3 "$TOOLS" above "$flops" "$REAL_MAX_FLOPS"; then
           mode=timing-only
           args+=(--timing-only)
         fi
@@ -306,61 +272,14 @@ plan_verdict plan_recommended recommended"
         wall=$((SECONDS - t0))
         case $rc in 0) status=ok ;; 1) status=check-failed ;; *) status="exit-$rc" ;; esac
         [ $rc -ne 0 ] && echo "simulate: N=$N S=$S $st: $status: $(grep -m1 -i error "$tmp/err.txt" || tail -1 "$tmp/err.txt")" >&2
-        /usr/bin/python3 - "$N" "$S" "$HEADS" "$KV_HEADS" "$HEAD_DIM" "$DTYPE" "$CAUSAL" "$status" "$strategy" "$U" \
-            "$(basename "$PLATFORM" .xml)" "$mode" "$wall" "$PLAN_FLOPS" "$PLAN_BW" "$p" "$BIN" "$tmp/report.json" \
-            "$tmp/trace.jsonl" "$COLS" "$ROOT/scripts" >>"$tmp/point.csv" <<'EOF'
-import json, subprocess, sys
-(N, S, H, HKV, D, dtype, causal, status, strategy, U, platform, mode, wall, pflops, pbw, p, binary, report, trace,
- cols, scripts) = sys.argv[1:]
-sys.dont_write_bytecode = True  # nothing written into the source tree
-sys.path.insert(0, scripts)
-from report_row import csv_line, measured
-causal = causal == "1"
-plan = subprocess.run([binary, "plan", "--seq", S, "--ranks", N, "--heads", H, "--kv-heads", HKV, "--head-dim", D,
-                       "--bytes", p, "--flops", pflops, "--bandwidth", pbw, "--json"] + (["--causal"] if causal else []),
-                      capture_output=True, text=True)
-pj = json.loads(plan.stdout) if plan.returncode == 0 else {}
-row = dict(N=N, S=S, B=1, H=H, HKV=HKV, D=D, dtype=dtype, causal=int(causal), status=status, strategy=strategy,
-           ulysses_degree=U, platform=platform, mode=mode, wall_s=wall, plan_flops=pflops, plan_bandwidth=pbw)
-# plan's row for this strategy and U; the least predicted time of the strategies it can run
-est = [x for x in pj.get("strategies", []) if x.get("possible")]
-mine = [x for x in est if x["strategy"] == strategy and x["ulysses_degree"] == int(U)]
-if mine:
-    e = mine[0]
-    ratio = e["step_comm_ratio"] if strategy != "ulysses" else e["comm_ratio"]  # beta / I_step of the ring part
-    # perfect overlap waits for what compute cannot cover in each ring step (max(0, comm - compute)
-    # of a step's max(comm, compute)) and for the whole all-to-all: 1 - compute / predicted
-    row.update(step_intensity=e.get("step_intensity") or "", plan_comm_ratio=ratio,
-               plan_exposed=max(0.0, 1.0 - pj["compute_s"] / e["predicted_s"]), plan_predicted_s=e["predicted_s"],
-               plan_verdict=e.get("verdict", ""))
-    if strategy != "ulysses":  # the ring between R = N/U groups: I_step(R) R / beta
-        row["plan_max_ranks_bound"] = e["step_intensity"] * int(N) / pj["beta"]
-if est:
-    best = min(est, key=lambda x: x["predicted_s"])
-    row["plan_recommended"] = best["strategy"] + (f":{best['ulysses_degree']}" if best["strategy"] == "usp" else "")
-cols_measured, config = measured(report, trace)
-row.update(cols_measured)
-if config:
-    row["layout"] = config["layout"]
-print(csv_line(row, cols))
-EOF
+        /usr/bin/python3 "$TOOLS" row "$N" "$S" "$HEADS" "$KV_HEADS" "$HEAD_DIM" "$DTYPE" "$CAUSAL" "$status" \
+            "$strategy" "$U" "$(basename "$PLATFORM" .xml)" "$mode" "$wall" "$PLAN_FLOPS" "$PLAN_BW" "$p" "$BIN" \
+            "$tmp/report.json" "$tmp/trace.jsonl" "$COLS" >>"$tmp/point.csv"
         printf 'simulate: %-7s S=%-7s N=%-5s %-11s %s (%ds wall, %ds total)\n' "$st" "$S" "$N" "$mode" "$status" \
           "$wall" $((SECONDS - t_start)) >&2
       done
       # What probe --strategies would recommend: the least simulated forward + backward of the point.
-      /usr/bin/python3 - "$tmp/point.csv" "$COLS" >>"$OUT" <<'EOF'
-import csv, sys
-cols = sys.argv[2].split()
-rows = list(csv.DictReader(open(sys.argv[1], newline=""), fieldnames=cols))
-ok = [r for r in rows if r["status"] == "ok" and r["forward_s"]]
-if ok:
-    best = min(ok, key=lambda r: float(r["forward_s"]) + float(r["backward_s"]))
-    name = best["strategy"] + (":" + best["ulysses_degree"] if best["strategy"] == "usp" else "")
-    for r in rows:
-        r["recommended"] = name
-w = csv.DictWriter(sys.stdout, fieldnames=cols, lineterminator="\n")
-w.writerows(rows)
-EOF
+      /usr/bin/python3 "$TOOLS" recommend "$tmp/point.csv" "$COLS" >>"$OUT"
     done
   done
   echo "simulate: $OUT" >&2

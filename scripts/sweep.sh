@@ -134,34 +134,9 @@ trap 'rm -rf "$TMP" "$OUT.partial"' EXIT
 CSV_COLUMNS="N S B H HKV D dtype causal layout strategy ulysses_degree forward_s backward_s compute_s wait_s a2a_wait_s \
 wait_ratio fwd_wait_ratio bytes gflops tile_pairs imbalance step_intensity max_error status"
 
-# One CSV row from a run's report, trace and the cost model (python3 from Debian; no jq here).
+# One CSV row from a run's report, trace and the cost model (scripts/sweep_row.py).
 row() {  # row N S mask layout strategy U status report trace
-  /usr/bin/python3 - "$@" "$BIN" "$HEADS" "$KV_HEADS" "$HEAD_DIM" "$DTYPE" "$CSV_COLUMNS" "$ROOT/scripts" <<'EOF'
-import json, subprocess, sys
-N, S, mask, layout, strategy, U, status, report, trace, binary, H, HKV, D, dtype, cols, scripts = sys.argv[1:]
-sys.dont_write_bytecode = True  # nothing written into the source tree
-sys.path.insert(0, scripts)
-from report_row import csv_line, measured
-causal = mask == "causal"
-p = {"f64": 8, "f32": 4}.get(dtype, 2)  # bytes per stored element (bf16, f16: 2)
-planned = subprocess.run(
-    [binary, "plan", "--seq", S, "--ranks", N, "--heads", H, "--kv-heads", HKV, "--head-dim", D,
-     "--bytes", str(p)] + (["--causal"] if causal else []) + ["--json"], capture_output=True, text=True)
-plan = json.loads(planned.stdout) if planned.returncode == 0 else {}
-# the plan's row for this strategy: I_step of the ring between the groups (none for ulysses)
-# (usp with U = 1 is the ring, with U = N ulysses)
-same = {"1": "ring", N: "ulysses"}.get(U, strategy) if strategy == "usp" else strategy
-est = [x for x in plan.get("strategies", []) if x.get("strategy") == same and x.get("ulysses_degree") == int(U)]
-intensity = est[0].get("step_intensity") if est else ""
-if same == "ring":
-    intensity = plan.get("step_intensity", "")
-row = dict(N=N, S=S, B=1, H=H, HKV=HKV, D=D, dtype=dtype, causal=int(causal), layout=layout, strategy=strategy,
-           ulysses_degree=U, step_intensity="" if intensity is None else intensity, status=status)
-cols_measured, config = measured(report, trace)
-row.update(cols_measured)
-row["B"] = config.get("batch", row["B"])
-print(csv_line(row, cols))
-EOF
+  /usr/bin/python3 "$ROOT/scripts/sweep_row.py" "$@" "$BIN" "$HEADS" "$KV_HEADS" "$HEAD_DIM" "$DTYPE" "$CSV_COLUMNS"
 }
 
 points=()

@@ -263,14 +263,14 @@ def test_sweep_plot():
 
 
 def test_simulated_plot():
-    """plot.py on the committed simulation sweep (docs/data): the README's table, S x N, each cell
+    """plot.py on the committed simulation sweep (docs/results): the README's table, S x N, each cell
     from its point's rows, and the chart; a CSV without a successful row is refused in one line."""
     try:
         import matplotlib  # noqa: F401
     except ImportError:
         print("SKIP: python3-matplotlib is not installed (scripts/setup.sh installs it)")
         sys.exit(77)
-    data = f"{ARGS.root}/docs/data/simulate-infiniband.csv"
+    data = f"{ARGS.root}/docs/results/simulate-infiniband.csv"
     rows = list(csv.DictReader(open(data)))
     with tempfile.TemporaryDirectory() as d:
         p = run(["/usr/bin/python3", f"{ARGS.root}/scripts/plot.py", data, "--table"])
@@ -330,22 +330,22 @@ def test_sweep_bad_input():
 
 
 def test_bench_bad_input():
-    """The benchmark scripts refuse a missing value, a value that is not a positive integer and an
-    unknown option with one line naming the option and exit 2, before they build or run anything."""
+    """The benchmark driver refuses a missing value, a value that is not a positive integer and an
+    unknown option with one line naming the option and exit 2, before it builds or runs anything."""
     bench_env = dict(env(), RINGATTN_BUILD=os.path.dirname(ARGS.binary))
-    cases = [("bench_kernel.sh", ["--reps", "0"], "--reps"), ("bench_kernel.sh", ["--rounds"], "--rounds"),
-             ("bench_vs_torch.sh", ["--seq", "8k"], "--seq"), ("bench_vs_torch.sh", ["--iters"], "--iters"),
-             ("bench_python.sh", ["--heads", "-1"], "--heads"), ("bench_python.sh", ["--rounds", ""], "--rounds"),
-             ("bench_layouts.sh", ["--counted", "4 x"], "--counted"), ("bench_layouts.sh", ["--head-dim"], "--head-dim"),
-             ("bench_memory.sh", ["--seqs", "16384 0"], "--seqs"), ("bench_memory.sh", ["--ranks", "two"], "--ranks"),
-             ("bench_memory.sh", ["--tiles", "2"], "--tiles"), ("bench_dtype.sh", ["--rounds", "1.5"], "--rounds"),
-             ("bench_dtype.sh", ["--tcp-shape"], "--tcp-shape")]
-    for script, args, word in cases:
-        p = subprocess.run(["bash", f"{ARGS.root}/scripts/{script}", *args], env=bench_env, capture_output=True,
-                           text=True, timeout=60)
+    cases = [("kernel", ["--reps", "0"], "--reps"), ("kernel", ["--rounds"], "--rounds"),
+             ("vs-torch", ["--seq", "8k"], "--seq"), ("vs-torch", ["--iters"], "--iters"),
+             ("python", ["--heads", "-1"], "--heads"), ("python", ["--rounds", ""], "--rounds"),
+             ("layouts", ["--counted", "4 x"], "--counted"), ("layouts", ["--head-dim"], "--head-dim"),
+             ("memory", ["--seqs", "16384 0"], "--seqs"), ("memory", ["--ranks", "two"], "--ranks"),
+             ("memory", ["--tiles", "2"], "--tiles"), ("dtype", ["--rounds", "1.5"], "--rounds"),
+             ("dtype", ["--tcp-shape"], "--tcp-shape"), ("cache", [], "cache")]
+    for sub, args, word in cases:
+        p = subprocess.run(["/usr/bin/python3", f"{ARGS.root}/scripts/bench.py", sub, *args], env=bench_env,
+                           capture_output=True, text=True, timeout=60)
         lines = [l for l in p.stderr.splitlines() if l.strip()]
         check(p.returncode == 2 and len(lines) == 1 and word in lines[0] and p.stdout == "",
-              f"{script} {' '.join(args)}: exit 2, one line naming {word}, nothing run ({p.returncode}: {lines[:2]})")
+              f"bench.py {sub} {' '.join(args)}: exit 2, one line naming {word}, nothing run ({p.returncode}: {lines[:2]})")
 
 
 if __name__ == "__main__":
