@@ -56,8 +56,12 @@ Command add_run_command(CLI::App& parent) {
   run->add_option("--rope", c.rope_theta, "RoPE (rotate-half) on q and k at global positions, base THETA; D even");
   run->add_option("--strategy", c.strategy,
                   "ring (default): K/V blocks around the ring; ulysses: all-to-all over heads (H % N == 0); usp: "
-                  "Ulysses groups of U consecutive ranks joined by a ring (--ulysses-degree U)");
+                  "Ulysses groups of U consecutive ranks joined by a ring (--ulysses-degree U); allgather: every "
+                  "rank gathers all K/V, one group of --kv-head-group heads at a time, dK/dV reduce-scattered");
   add_integer(run, "--ulysses-degree", c.ulysses_degree, "usp: ranks per all-to-all group U (U divides N and H)");
+  add_integer(run, "--kv-head-group", c.kv_head_group,
+              "allgather: KV heads gathered at once, G divides HKV (default: the largest G leaving two groups to "
+              "overlap whose two gathered groups fit in 256 MiB)");
   run->add_flag("--layer", c.layer,
                 "a whole layer: x wq wk wv wo dy -> y dx dwq dwk dwv dwo (weight gradients summed over ranks)");
   add_integer(run, "--model-dim", c.model_dim, "model dim M for --layer (required unless --inputs gives it)");

@@ -261,6 +261,7 @@ struct Exchange::Impl {
   MPI_Comm comm;
   double timeout_s;
   std::vector<MPI_Request> reqs;
+  std::vector<std::vector<int>> counts;  // a nonblocking collective's count arrays, alive until it completes
 };
 
 Exchange::Exchange(const Comm& comm) : impl_(std::make_unique<Impl>()) {
@@ -287,12 +288,36 @@ void Exchange::irecv(void* buf, std::size_t bytes, int peer, int tag) {
   impl_->reqs.push_back(r);
 }
 
+void Exchange::iallgatherv(const void* mine, void* recv, std::span<const std::int64_t> counts,
+                           std::span<const std::int64_t> displs, const char* what) {
+  int rank = 0;
+  MPI_Comm_rank(impl_->comm, &rank);
+  std::vector<int> c(counts.size()), d(displs.size());
+  for (std::size_t q = 0; q < counts.size(); ++q) {
+    c[q] = detail::as_count(counts[q], what);
+    d[q] = detail::as_count(displs[q], what);
+  }
+  if (kBlockingCollectives) {
+    check(MPI_Allgatherv(mine, c[rank], MPI_BYTE, recv, c.data(), d.data(), MPI_BYTE, impl_->comm), "MPI_Allgatherv");
+    return;
+  }
+  MPI_Request r;
+  check(MPI_Iallgatherv(mine, c[rank], MPI_BYTE, recv, c.data(), d.data(), MPI_BYTE, impl_->comm, &r),
+        "MPI_Iallgatherv");
+  impl_->reqs.push_back(r);
+  impl_->counts.push_back(std::move(c));
+  impl_->counts.push_back(std::move(d));
+}
+
 bool Exchange::test() {
   if (impl_->reqs.empty()) return true;
   int done = 0;
   check(MPI_Testall(static_cast<int>(impl_->reqs.size()), impl_->reqs.data(), &done, MPI_STATUSES_IGNORE),
         "MPI_Testall");
-  if (done) impl_->reqs.clear();
+  if (done) {
+    impl_->reqs.clear();
+    impl_->counts.clear();
+  }
   return done != 0;
 }
 
@@ -300,6 +325,7 @@ double Exchange::wait(core::FunctionRef<std::string()> describe) {
   const double w =
       detail::wait_all(static_cast<int>(impl_->reqs.size()), impl_->reqs.data(), impl_->timeout_s, describe);
   impl_->reqs.clear();
+  impl_->counts.clear();
   return w;
 }
 

@@ -46,6 +46,10 @@ Json to_json(const Report& r) {
     lj["a2a_fwd_recv_elems"] = l.a2a_fwd_recv_elems;
     lj["a2a_bwd_send_elems"] = l.a2a_bwd_send_elems;
     lj["a2a_bwd_recv_elems"] = l.a2a_bwd_recv_elems;
+    lj["ag_fwd_recv_elems"] = l.ag_fwd_recv_elems;
+    lj["ag_bwd_recv_elems"] = l.ag_bwd_recv_elems;
+    lj["rs_bwd_send_elems"] = l.rs_bwd_send_elems;
+    lj["rs_bwd_recv_elems"] = l.rs_bwd_recv_elems;
     lj["send_bytes"] = l.send_bytes;
     lj["recv_bytes"] = l.recv_bytes;
     lj["resident_qkv_elems"] = l.resident_qkv_elems;

@@ -1,4 +1,4 @@
-// The head-parallel strategies (ulysses, usp) over real MPI ranks against the dense float64
+// The head-parallel strategies (ulysses, usp) and the all-gather strategy over real MPI ranks against the dense float64
 // reference: every rank builds the whole input from a fixed seed and checks its own slice; every
 // rank's ledger is asserted against the closed forms (the ring between the groups and the
 // all-to-alls inside them); repeated runs agree bit for bit.
@@ -68,8 +68,25 @@ Ledger expected(const Layout& layout, const Shape& s, int U, int r, const Mask& 
   return l;
 }
 
+// The all-gather strategy's closed form, per pass: every rank receives every other rank's K/V,
+// e (S - L_r) elements with e = 2 B HKV D, whatever the group size; the reduce-scatter sends each
+// contribution for another rank's positions, e (S - L_r), and receives (N - 1) e L_r.
+Ledger expected_allgather(const Layout& layout, const Shape& s, int r, int G, Index es, Index ea) {
+  const Index N = layout.ranks(), L = layout.size(r), e = 2 * s.B * s.HKV * s.D;
+  Ledger l;
+  l.resident_qkv_elems = s.B * L * (s.H + 2 * s.HKV) * s.D;
+  l.online_state_elems = L * s.B * s.H * (s.D + 2);
+  l.remote_block_elems = 2 * s.B * G * s.D * (s.S - L);
+  l.ag_fwd_recv_elems = l.ag_bwd_recv_elems = e * (s.S - L);
+  l.rs_bwd_send_elems = e * (s.S - L);
+  l.rs_bwd_recv_elems = (N - 1) * e * L;
+  l.send_bytes = 2 * (N - 1) * e * L * es + e * (s.S - L) * ea;
+  l.recv_bytes = 2 * e * (s.S - L) * es + (N - 1) * e * L * ea;
+  return l;
+}
+
 template <class T>
-Run<T> run(const Case& c, StrategyKind kind, int U) {
+Run<T> run(const Case& c, StrategyKind kind, int U, int G = 1) {
   using A = core::accum_t<T>;
   const comm::Comm& comm = world();
   const int r = comm.rank();
@@ -78,6 +95,7 @@ Run<T> run(const Case& c, StrategyKind kind, int U) {
   runtime::StrategySetup setup = pb.setup(Tiling{16, 32});
   setup.kind = kind;
   setup.ulysses_degree = runtime::ulysses_degree(kind, U, comm.size());
+  setup.kv_head_group = G;
   auto strategy = runtime::make_strategy<T>(comm, setup);
   strategy->load(pb.lq.data(), pb.lk.data(), pb.lv.data());
   strategy->load_dout(pb.ld.data());
@@ -93,7 +111,9 @@ Run<T> run(const Case& c, StrategyKind kind, int U) {
   for (const auto* t : {&o, &lse, &dq, &dk, &dv}) out.out.insert(out.out.end(), t->begin(), t->end());
   out.ledger = strategy->ledger();
   const int Ueff = runtime::ulysses_degree(kind, U, comm.size());
-  const Ledger want = expected(pb.layout, s, Ueff, r, pb.mask, Index(sizeof(T)), Index(sizeof(A)));
+  const Ledger want = kind == StrategyKind::allgather
+                          ? expected_allgather(pb.layout, s, r, G, Index(sizeof(T)), Index(sizeof(A)))
+                          : expected(pb.layout, s, Ueff, r, pb.mask, Index(sizeof(T)), Index(sizeof(A)));
   EXPECT_EQ(out.ledger, want) << "rank " << r << "\n counted:  " << out.ledger.str() << "\n expected: " << want.str();
   return out;
 }
@@ -143,6 +163,10 @@ void expect_all_within(double tol) {
       SCOPED_TRACE("usp U=" + std::to_string(U));
       EXPECT_LE(run<T>(c, StrategyKind::usp, U).err.max(), tol);
     }
+    for (Index G : {Index(1), c.s.HKV}) {  // one KV head at a time, and all at once
+      SCOPED_TRACE("allgather G=" + std::to_string(G));
+      EXPECT_LE(run<T>(c, StrategyKind::allgather, 0, int(G)).err.max(), tol);
+    }
   }
 }
 
@@ -186,6 +210,33 @@ TEST(HeadParallel, ResultsAreBitwiseReproducible) {
   for (int U : degrees()) {
     SCOPED_TRACE("usp U=" + std::to_string(U));
     const auto a = run<float>(c, StrategyKind::usp, U), b = run<float>(c, StrategyKind::usp, U);
+    ASSERT_EQ(a.out.size(), b.out.size());
+    EXPECT_EQ(std::memcmp(a.out.data(), b.out.data(), a.out.size() * sizeof(float)), 0);
+  }
+}
+
+// Even shards: each rank receives (N-1)/N B S 2 HKV D elements of K/V per pass, whatever G.
+TEST(AllGather, ReceivesTheClosedForm) {
+  const Index N = world().size();
+  const Shape s{2, 4 * N, 4, 4, 4};
+  for (int G : {1, 2, 4}) {
+    SCOPED_TRACE("G=" + std::to_string(G));
+    const Ledger l = run<double>(Case{"even", s}, StrategyKind::allgather, 0, G).ledger;
+    const Index kv = (N - 1) * s.B * s.S * 2 * s.HKV * s.D / N;
+    EXPECT_EQ(l.ag_fwd_recv_elems, kv);
+    EXPECT_EQ(l.ag_bwd_recv_elems, kv);
+    EXPECT_EQ(l.rs_bwd_recv_elems, kv);
+    EXPECT_EQ(l.fwd_kv_recv_elems + l.replay_kv_recv_elems + l.grad_recv_elems + l.a2a_fwd_recv_elems, 0);
+  }
+}
+
+// A fixed order of blocks and of summing the contributions: the same bits twice, for each G.
+TEST(AllGather, ResultsAreBitwiseReproducible) {
+  const int N = world().size();
+  const Case c{"repro", Shape{1, 4 * N + 3, 4, 2, 8}, LayoutKind::zigzag, true};
+  for (int G : {1, 2}) {
+    SCOPED_TRACE("G=" + std::to_string(G));
+    const auto a = run<float>(c, StrategyKind::allgather, 0, G), b = run<float>(c, StrategyKind::allgather, 0, G);
     ASSERT_EQ(a.out.size(), b.out.size());
     EXPECT_EQ(std::memcmp(a.out.data(), b.out.data(), a.out.size() * sizeof(float)), 0);
   }

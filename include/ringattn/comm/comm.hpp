@@ -107,6 +107,10 @@ class Exchange {
 
   void isend(const void* buf, std::size_t bytes, int peer, int tag);
   void irecv(void* buf, std::size_t bytes, int peer, int tag);
+  // Every rank's `mine` (counts[q] bytes on rank q) into `recv` at displs[q], one collective over
+  // the communicator (MPI_Iallgatherv; blocking where the MPI has no nonblocking collectives).
+  void iallgatherv(const void* mine, void* recv, std::span<const std::int64_t> counts,
+                   std::span<const std::int64_t> displs, const char* what);
   // Progress every pending transfer; true when none is left.
   bool test();
   // Complete every pending transfer and return the seconds spent waiting, under the

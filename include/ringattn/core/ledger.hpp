@@ -23,13 +23,19 @@ struct Ledger {
   // ranks; what a rank keeps for itself is not counted).
   Index a2a_fwd_send_elems = 0, a2a_fwd_recv_elems = 0;
   Index a2a_bwd_send_elems = 0, a2a_bwd_recv_elems = 0;
+  // All-gather strategy: the K/V gathered from the other ranks in each pass, and the dK/dV
+  // reduce-scatter (contributions sent to their owners, and received for this rank's positions).
+  Index ag_fwd_recv_elems = 0, ag_bwd_recv_elems = 0;
+  Index rs_bwd_send_elems = 0, rs_bwd_recv_elems = 0;
   Index send_bytes = 0, recv_bytes = 0;  // everything that moved, in bytes
 
   Index send_elems() const {
-    return fwd_kv_send_elems + replay_kv_send_elems + grad_send_elems + a2a_fwd_send_elems + a2a_bwd_send_elems;
+    return fwd_kv_send_elems + replay_kv_send_elems + grad_send_elems + a2a_fwd_send_elems + a2a_bwd_send_elems +
+           rs_bwd_send_elems;
   }
   Index recv_elems() const {
-    return fwd_kv_recv_elems + replay_kv_recv_elems + grad_recv_elems + a2a_fwd_recv_elems + a2a_bwd_recv_elems;
+    return fwd_kv_recv_elems + replay_kv_recv_elems + grad_recv_elems + a2a_fwd_recv_elems + a2a_bwd_recv_elems +
+           ag_fwd_recv_elems + ag_bwd_recv_elems + rs_bwd_recv_elems;
   }
   // Fills send_bytes and recv_bytes of a ring ledger: K/V elements of kv_bytes each, gradient
   // returns of grad_bytes each.

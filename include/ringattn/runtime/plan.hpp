@@ -28,7 +28,7 @@ namespace ringattn::runtime {
 // Every option a plan takes. The token of each is its name in this list (@seq, @kv_heads, ...).
 enum class Option {
   seq, batch, heads, kv_heads, head_dim, dtype, causal, window, doc_lens, layout, partition, scale, rope,
-  strategy, ulysses_degree, timeout, tile_q, tile_k, tile_strip, traffic, count
+  strategy, ulysses_degree, timeout, tile_q, tile_k, tile_strip, traffic, kv_head_group, count
 };
 inline constexpr std::size_t kOptions = static_cast<std::size_t>(Option::count);
 
@@ -62,8 +62,9 @@ struct PlanOptions {
   std::vector<Index> doc_lens;        // packed documents (sum S): attention stays within each
   std::optional<double> scale;        // default 1/sqrt(D)
   std::optional<double> rope_theta;   // RoPE (rotate-half) on q and k at their global positions
-  std::string strategy = "ring";      // ring | ulysses | usp
+  std::string strategy = "ring";      // ring | ulysses | usp | allgather
   std::optional<int> ulysses_degree;  // usp: ranks per all-to-all group
+  std::optional<int> kv_head_group;   // allgather: KV heads gathered at once (divides HKV); empty: by memory
   std::string dtype = "f32";          // storage type of q, k, v, dout: f32 | f64 | bf16 | f16
   std::optional<double> timeout_s;    // watchdog on every wait (seconds); 0: none; empty: default_timeout
   core::Tiling tiling;                // kernel tiles; zeros: the SIMD target's defaults
@@ -92,6 +93,7 @@ struct AttentionPlan {
   core::Mask mask;
   StrategyKind strategy = StrategyKind::ring;
   int ulysses_degree = 1;  // ranks per all-to-all group: ring 1, ulysses N, usp U
+  int kv_head_group = 1;   // allgather: KV heads per gathered group
   double scale = 1;
   std::optional<double> rope_theta;
   core::Tiling tiling;     // as given (0: the target's default, resolved per strategy in setup())

@@ -24,8 +24,9 @@ using core::Index;
 
 enum class Pass { forward = 0, backward = 1 };
 
-// One step of a pass on one rank: a ring step (attend one K/V block) or an all-to-all.
-enum class Phase { ring = 0, a2a = 1 };
+// One step of a pass on one rank: a ring step (attend one K/V block), an all-to-all, or one
+// KV-head group of the all-gather strategy (wait for its gather, attend every block).
+enum class Phase { ring = 0, a2a = 1, gather = 2 };
 struct StepRecord {
   Pass pass = Pass::forward;
   int step = 0;
@@ -43,7 +44,7 @@ struct PassStats {
   std::vector<StepRecord> steps;
 };
 
-enum class StrategyKind { ring, ulysses, usp };
+enum class StrategyKind { ring, ulysses, usp, allgather };
 const char* strategy_name(StrategyKind k);
 
 // The Ulysses degree U a strategy uses on N ranks: ring 1, ulysses N, usp the one given.
@@ -69,6 +70,7 @@ struct StrategySetup {
   core::Traffic traffic = core::Traffic::aware;
   StrategyKind kind = StrategyKind::ring;
   int ulysses_degree = 1;  // usp: ranks per all-to-all group (U); ulysses: N; ring: 1
+  int kv_head_group = 1;   // allgather: KV heads gathered together (divides HKV)
   FaultHooks hooks;
   // Simulation only: the kernels do not run; each block's work is counted as they would count it
   // and charged to the simulated host (comm::charge_flops). Outputs are meaningless.

@@ -94,7 +94,9 @@ std::string trace_text(const comm::Group& g, const std::vector<StepRecord>& step
           "{{\"rank\": {}, \"pass\": \"{}\", \"step\": {}, \"src\": {}, \"compute_s\": {:.9g}, \"wait_s\": {:.9g}, "
           "\"bytes\": {}{}}}\n",
           r, s.pass == Pass::forward ? "forward" : "backward", s.step, s.src, s.compute_s, s.wait_s, s.bytes,
-          s.phase == Phase::a2a ? ", \"phase\": \"all-to-all\"" : "");
+          s.phase == Phase::a2a      ? ", \"phase\": \"all-to-all\""
+          : s.phase == Phase::gather ? ", \"phase\": \"all-gather\""
+                                     : "");
   return text;
 }
 

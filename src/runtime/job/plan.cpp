@@ -22,7 +22,8 @@ namespace {
 
 constexpr std::array<const char*, kOptions> kTokens = {
     "seq",  "batch",    "heads", "kv_heads", "head_dim",       "dtype",   "causal", "window", "doc_lens", "layout",
-    "partition", "scale", "rope", "strategy", "ulysses_degree", "timeout", "tile_q", "tile_k", "tile_strip", "traffic"};
+    "partition", "scale", "rope", "strategy", "ulysses_degree", "timeout", "tile_q", "tile_k", "tile_strip", "traffic",
+    "kv_head_group"};
 
 std::string join(std::span<const Index> v) {
   std::string s;
@@ -115,6 +116,29 @@ int checked_ulysses_degree(StrategyKind k, std::optional<int> given, Index H, in
   return ulysses_degree(k, given.value_or(0), N);
 }
 
+// All-gather: G KV heads gathered at once, G dividing HKV. By default the largest G that leaves
+// at least two groups (so one group's gather overlaps the other's compute) and keeps the two
+// gathered groups within 256 MiB.
+int checked_kv_head_group(StrategyKind k, std::optional<int> given, const Shape& s, DType dtype,
+                          const OptionNames& n) {
+  if (given && k != StrategyKind::allgather)
+    fail(n, Option::kv_head_group, fmt::format("@kv_head_group: only applies with @strategy allgather (@strategy {} "
+                                               "moves K/V otherwise)", strategy_name(k)));
+  if (k != StrategyKind::allgather) return 1;
+  if (given) {
+    if (*given < 1 || s.HKV % *given != 0)
+      fail(n, Option::kv_head_group, fmt::format("@kv_head_group: G={} does not divide HKV={} key/value heads "
+                                                 "(expected a divisor of HKV)", *given, s.HKV));
+    return *given;
+  }
+  const double per_head = 2.0 * 2.0 * double(s.B) * double(s.S) * double(s.D) * double(core::dtype_size(dtype));
+  int best = 1;
+  for (Index G = 1; G <= s.HKV; ++G)
+    if (s.HKV % G == 0 && (s.HKV / G >= 2 || s.HKV == 1) && double(G) * per_head <= 256.0 * 1048576.0)
+      best = static_cast<int>(G);
+  return best;
+}
+
 core::Traffic parse_traffic(const std::string& name, const OptionNames& n) {
   if (name == "aware") return core::Traffic::aware;
   if (name == "full") return core::Traffic::full;
@@ -155,9 +179,17 @@ void attention_memory(MemoryPlan& m, const AttentionPlan& p, const core::Tiling&
   double ring = es * (q + block) + ea * (3 * rows + q) + (R > 1 ? es * 2 * block : 0.0);
   if (p.backward) ring += es * q + ea * (rows + q + block) + (R > 1 ? ea * 3 * block : 0.0);
   const core::Tiling t = core::resolve_tiling(given, s.D, std::min<Index>(Lmax * U, Index(1) << 40), hs.Gu);
-  ring += double(p.dtype == DType::f64 ? core::Workspace<double>::bytes(t, s.D) : core::Workspace<float>::bytes(t, s.D));
-  m.add("ring buffers and tile scratch", ring);
-  if (p.strategy != StrategyKind::ring) {  // send, receive and group tensors; their outputs
+  const double scratch =
+      double(p.dtype == DType::f64 ? core::Workspace<double>::bytes(t, s.D) : core::Workspace<float>::bytes(t, s.D));
+  if (p.strategy == StrategyKind::allgather) m.add("tile scratch", scratch);
+  else m.add("ring buffers and tile scratch", ring + scratch);
+  if (p.strategy == StrategyKind::allgather) {  // two gathered groups; the backward's contributions
+    const double G = double(p.kv_head_group), groups = HKV / G;
+    m.add("all-gather buffers", es * (2 * 2 * B * G * S * D + 2 * B * G * L * D) +
+                                    (p.backward ? ea * (2 * B * G * S * D + double(N) * 2 * B * G * L * D) : 0.0));
+    m.add("per-group query rows and state", groups * (es * B * L * (H / groups) * D * (p.backward ? 2 : 1) +
+                                                       ea * B * L * (H / groups) * (D * (p.backward ? 2 : 1) + 4)));
+  } else if (p.strategy != StrategyKind::ring) {  // send, receive and group tensors; their outputs
     const double qkv = B * Lr * (Hr + 2 * HKVr) * D, ret = B * Lr * std::max(Hr + 2 * HKVr, Hr + Hr / D) * D;
     double a2a = es * 3 * qkv + ea * (2 * ret + B * Lr * Hr * (D + 1)) + ea * B * L * H * (D + 1);
     if (p.backward) a2a += es * 3 * B * Lr * Hr * D + ea * (qkv + B * L * (H + 2 * HKV) * D);
@@ -208,14 +240,16 @@ std::string OptionNames::render(std::string_view text) const {
 const OptionNames& cli_names() {
   static const OptionNames n{{"--seq", "--batch", "--heads", "--kv-heads", "--head-dim", "--dtype", "--causal",
                               "--window", "--doc-lens", "--layout", "--partition", "--scale", "--rope", "--strategy",
-                              "--ulysses-degree", "--timeout", "--tile-q", "--tile-k", "--tile-strip", "--traffic"}};
+                              "--ulysses-degree", "--timeout", "--tile-q", "--tile-k", "--tile-strip", "--traffic",
+                              "--kv-head-group"}};
   return n;
 }
 
 const OptionNames& cpp_names() {
   static const OptionNames n{{"shape.S", "shape.B", "shape.H", "shape.HKV", "shape.D", "dtype", "causal", "window",
                               "doc_lens", "layout", "partition", "scale", "rope_theta", "strategy", "ulysses_degree",
-                              "timeout_s", "tiling.q_rows", "tiling.k_cols", "tiling.strip_rows", "traffic"}};
+                              "timeout_s", "tiling.q_rows", "tiling.k_cols", "tiling.strip_rows", "traffic",
+                              "kv_head_group"}};
   return n;
 }
 
@@ -223,7 +257,7 @@ const OptionNames& python_names() {
   // B, H, HKV and D come from the shapes of q and k.
   static const OptionNames n{{"seq_len", "q's B", "q's H", "k's HKV", "q's D", "dtype", "causal", "window",
                               "doc_lens", "layout", "partition", "scale", "rope", "strategy", "ulysses_degree",
-                              "timeout", "tile_q", "tile_k", "tile_strip", "traffic"}};
+                              "timeout", "tile_q", "tile_k", "tile_strip", "traffic", "kv_head_group"}};
   return n;
 }
 
@@ -233,9 +267,10 @@ DType parse_dtype(const std::string& name, const OptionNames& n) {
 }
 
 StrategyKind parse_strategy(const std::string& name, const OptionNames& n) {
-  for (StrategyKind k : {StrategyKind::ring, StrategyKind::ulysses, StrategyKind::usp})
+  for (StrategyKind k : {StrategyKind::ring, StrategyKind::ulysses, StrategyKind::usp, StrategyKind::allgather})
     if (name == strategy_name(k)) return k;
-  fail(n, Option::strategy, fmt::format("@strategy: unknown strategy '{}' (expected ring, ulysses or usp)", name));
+  fail(n, Option::strategy,
+       fmt::format("@strategy: unknown strategy '{}' (expected ring, ulysses, usp or allgather)", name));
 }
 
 double check_tolerance(DType t) { return t == DType::f64 ? 1e-10 : 3e-4; }
@@ -277,6 +312,7 @@ AttentionPlan make_attention_plan(const PlanOptions& o, int N, const OptionNames
   check_partition(o.partition, kind, N, o.shape.S, n);
   p.strategy = parse_strategy(o.strategy, n);
   p.ulysses_degree = checked_ulysses_degree(p.strategy, o.ulysses_degree, o.shape.H, N, n);
+  p.kv_head_group = checked_kv_head_group(p.strategy, o.kv_head_group, o.shape, p.dtype, n);
   p.scale = checked_scale(o, p.dtype, n);
   p.traffic = parse_traffic(o.traffic, n);
   check_tiles(o.tiling, n);
@@ -313,6 +349,7 @@ StrategySetup strategy_setup(const AttentionPlan& p) {
   s.traffic = p.traffic;
   s.kind = p.strategy;
   s.ulysses_degree = p.ulysses_degree;
+  s.kv_head_group = p.kv_head_group;
   return s;
 }
 
@@ -334,6 +371,7 @@ std::vector<PlanField> plan_fields(const AttentionPlan& p, const PlanOptions& o,
           {n[Option::scale], num(p.scale)},
           {n[Option::strategy], strategy_name(p.strategy)},
           {named(Option::ulysses_degree, "the Ulysses degree"), std::to_string(p.ulysses_degree)},
+          {named(Option::kv_head_group, "the KV-head group"), std::to_string(p.kv_head_group)},
           {n[Option::traffic], o.traffic},
           {n[Option::rope], p.rope_theta ? num(*p.rope_theta) : "off"},
           {"the backward", p.backward ? "on" : "off"},

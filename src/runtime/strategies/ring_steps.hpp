@@ -33,8 +33,8 @@ class RingSteps {
   bool computes() const { return !s_.timing_only; }
 
   // Step j begins: it attends the block of `owner`.
-  void begin(int j, int owner) {
-    rec_ = StepRecord{pass_, j, owner, 0, 0, 0};
+  void begin(int j, int owner, Phase phase = Phase::ring) {
+    rec_ = StepRecord{pass_, j, owner, 0, 0, 0, phase};
     if (pass_ == Pass::forward && j == 0 && rank_ == s_.hooks.stall_rank)
       std::this_thread::sleep_for(std::chrono::duration<double>(s_.hooks.stall_s));
   }
@@ -94,6 +94,9 @@ class RingSteps {
   void replay_block(int owner, const core::Packing& pk, const A* dk, const A* dv) {
     if (obs_) obs_->replay_block(rec_.step, owner, pk, dk, dv);
   }
+
+  // Bytes sent and received by a transfer the loop counts itself (the all-gather's collectives).
+  void moved(Index bytes) { rec_.bytes += bytes; }
 
   // Time blocked on transfers that had not completed (exposed communication).
   void waited(double s) { rec_.wait_s += s; }

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include "ringattn/core/errors.hpp"
+#include "ringattn/runtime/allgather_attention.hpp"
 #include "ringattn/runtime/ring_attention.hpp"
 #include "ringattn/runtime/ulysses_attention.hpp"
 
@@ -13,6 +14,7 @@ const char* strategy_name(StrategyKind k) {
     case StrategyKind::ring: return "ring";
     case StrategyKind::ulysses: return "ulysses";
     case StrategyKind::usp: return "usp";
+    case StrategyKind::allgather: return "allgather";
   }
   return "?";
 }
@@ -23,6 +25,7 @@ int ulysses_degree(StrategyKind k, int given, int N) {
     case StrategyKind::ring: return 1;
     case StrategyKind::ulysses: return N;
     case StrategyKind::usp: return given;
+    case StrategyKind::allgather: return 1;
   }
   return 1;
 }
@@ -48,6 +51,7 @@ std::string strategy_rule_violation(StrategyKind k, int given, Index H, int N) {
 template <class S>
 std::unique_ptr<Strategy<S>> make_strategy(const comm::Comm& comm, const StrategySetup& setup) {
   if (setup.kind == StrategyKind::ring) return std::make_unique<RingAttention<S>>(comm, setup);
+  if (setup.kind == StrategyKind::allgather) return std::make_unique<AllGatherAttention<S>>(comm, setup);
   return std::make_unique<UlyssesAttention<S>>(comm, setup);
 }
 

@@ -1,0 +1,74 @@
+#pragma once
+// All-gather attention (the context parallelism of Llama 3, PyTorch's default rotater, TE's
+// all_gather): every rank gathers the whole sequence's K/V and attends its own queries to them.
+//
+// The KV heads are taken in groups of G (setup.kv_head_group; HKV/G groups). For group g, on every
+// rank:
+//   forward:  all-gather the group's K/V blocks ([B, G, L_q, D] packed, from every rank q), the next
+//             group's gather in flight while this one is attended; the rank's query rows of the
+//             group's query heads attend block q = 0 .. N-1 in rank order with the online softmax;
+//   backward: the group's K/V gathered again (as in the forward, the next group in flight); dQ kept
+//             locally; every block's dK/dV contribution computed into a buffer of all S positions,
+//             then a reduce-scatter returns each to its owner, which sums them in source-rank
+//             order (in the accumulation type), so results are bitwise reproducible for N and G.
+// Memory: two gathered groups (2 x 2 B G S D storage elements) and, in the backward, one group's
+// contributions for all S positions (2 B G S D accumulation elements).
+//
+// Types: K/V travel in the storage type S; dK/dV contributions in A = accum_t<S>.
+#include <memory>
+#include <vector>
+
+#include "ringattn/core/aligned.hpp"
+#include "ringattn/runtime/strategy.hpp"
+
+namespace ringattn::runtime {
+
+template <class S>
+class AllGatherAttention final : public Strategy<S> {
+ public:
+  using A = core::accum_t<S>;
+  // setup.kv_head_group divides HKV (the plan checks).
+  AllGatherAttention(const comm::Comm& comm, const StrategySetup& setup);
+
+  void load(const S* q, const S* k, const S* v) override;
+  void load_dout(const S* dout) override;
+  PassStats forward() override;
+  PassStats backward() override;
+  void outputs(A* o, A* lse, A* dq, A* dk, A* dv) const override;
+  const core::Ledger& ledger() const override { return ledger_; }
+  Index local_size() const override { return L_; }
+  Index resident_bytes() const override;
+
+ private:
+  // One KV-head group on this rank: its query rows (packed), the online state, and after the
+  // backward its dQ and this rank's own dK/dV.
+  struct Group {
+    core::AlignedVector<S> q, dout;
+    core::AlignedVector<A> m, l, acc, lse, delta, dq, dkv;
+  };
+  core::Packing block_packing(int owner) const;  // group g's K/V block of `owner`
+  Index block_elems(int owner) const { return 2 * block_packing(owner).kv_elems(); }
+  // Starts group g's all-gather into gathered_[slot] (its own block packed from k_, v_ first);
+  // returns the bytes it sends and receives.
+  Index start_gather(int g, int slot, comm::Exchange& x, Pass pass);
+  core::KVBlock<S> view(int owner, const S* gathered) const;
+  void allocate_backward();
+
+  const comm::Comm& comm_;
+  StrategySetup s_;
+  int r_, N_, G_, groups_;   // G kv heads per group, HKV / G groups
+  Index L_;
+  std::vector<Index> displ_;  // [N + 1]: where owner q's block starts in a gathered group (elements)
+  core::Packing pq_;          // one group's query rows: [B, G, L, H/HKV, D]
+  std::vector<S> q_file_, k_file_, v_file_, dout_file_;  // this rank's shard, file order
+  std::vector<Group> g_;
+  core::AlignedVector<S> own_block_;     // this rank's block of the group being gathered
+  core::AlignedVector<S> gathered_[2];   // two groups' K/V of every rank
+  core::AlignedVector<A> contrib_;       // backward: one group's dK/dV for all S positions, rank-major
+  core::AlignedVector<A> returned_;      // backward: every rank's contribution to this rank's block
+  core::Workspace<A> ws_;
+  core::Ledger ledger_;
+  bool backward_ready_ = false;
+};
+
+}  // namespace ringattn::runtime
