@@ -99,6 +99,13 @@ def shape_title(rows):
     return f"H={r['H']} HKV={r['HKV']} D={r['D']} {r['dtype']}, {' and '.join(masks)}"
 
 
+def s_ticks(ax, ss):
+    """The swept S values as plain numbers on a log2 axis."""
+    ss = sorted(set(ss))
+    ax.set_xticks(ss, [str(x) for x in ss])
+    ax.minorticks_off()
+
+
 def color_of(ns):
     return {n: COLORS[i % len(COLORS)] for i, n in enumerate(sorted(ns))}
 
@@ -134,6 +141,7 @@ def plot_time(rows, out, cores):
             ax.plot(xs, [t0 * (x / s0) ** 2 for x in xs], color="gray", linewidth=0.8, alpha=0.6, label="~S² (guide)")
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
+        s_ticks(ax, [r["S"] for r in rows if r["causal"] == causal])
         ax.set_xlabel("S (positions)")
         ax.set_ylabel("forward + backward time (s), slowest rank")
         ax.set_title(("causal" if causal else "non-causal") + ": time against S", fontsize=10)
@@ -198,6 +206,9 @@ def plot_strategies(rows, out, cores):
     """Each strategy over S: forward + backward time, and the exposed wait with its all-to-all part.
     Colour and marker name the strategy; the line style names N."""
     use = [r for r in rows if r["N"] > 1 and r["forward_s"] is not None and r["backward_s"] is not None]
+    # usp with U = N is ulysses: drawn once, as ulysses, where the sweep ran both
+    uly = {r["N"] for r in use if r["strategy"] == "ulysses"}
+    use = [r for r in use if not (r["strategy"] == "usp" and r["ulysses_degree"] == r["N"] and r["N"] in uly)]
     masks = sorted({r["causal"] for r in use}) or [0]
     fig, axes = plt.subplots(len(masks), 2, figsize=(12, 4.8 * len(masks)), squeeze=False)
     styles = ["-", "--", ":", "-."]
@@ -228,6 +239,7 @@ def plot_strategies(rows, out, cores):
                            (row_axes[1], "exposed wait (s), slowest rank")):
             ax.set_xscale("log", base=2)
             ax.set_yscale("log")
+            s_ticks(ax, [r["S"] for r in use if r["causal"] == causal])
             ax.set_xlabel("S (positions)")
             ax.set_ylabel(ylabel)
             ax.grid(True, which="both", alpha=0.3)

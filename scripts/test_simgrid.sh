@@ -32,14 +32,7 @@ check_run() {  # check_run NAME PLATFORM N [run options]: --check must pass, the
     tail -5 "$tmp/$name.out" >&2
     return
   fi
-  /usr/bin/python3 - "$tmp/$name.json" "$n" <<'EOF' || fail "$name: report"
-import json, sys
-r = json.load(open(sys.argv[1]))
-assert r["check"]["passed"], r["check"]
-assert len(r["ranks"]) == int(sys.argv[2]), len(r["ranks"])
-assert r["config"]["timeout"] == 0, "the watchdog is off under simulation"
-assert r["time"]["forward_s"] > 0 and r["time"]["backward_s"] > 0
-EOF
+  /usr/bin/python3 "$ROOT/scripts/simgrid_checks.py" checked "$tmp/$name.json" "$n" || fail "$name: report"
   grep -q "simulated by SimGrid/SMPI" "$tmp/$name.out" || fail "$name: the summary does not say it was simulated"
   echo "test_simgrid: $name: N=$n passed --check ($((SECONDS - t0)) s)"
 }
@@ -74,22 +67,8 @@ for point in "ring 16" "usp 16 --ulysses-degree 4" "ulysses 8"; do
     fail "$strategy real $n: exit $?"
   bash "$SIM" --platform "$IB" --ranks "$n" "${sargs[@]}" --timing-only --report "$tmp/timing.json" \
     >"$tmp/timing.out" 2>&1 || fail "$strategy timing-only $n: exit $?"
-  /usr/bin/python3 - "$tmp/real.json" "$tmp/timing.json" <<'EOF' || fail "$strategy: timing-only against real"
-import json, sys
-real, tim = (json.load(open(p)) for p in sys.argv[1:])
-assert tim["config"].get("timing_only") is True and "timing_only" not in real["config"]
-assert tim["config"]["strategy"] == real["config"]["strategy"]
-assert "check" not in tim and tim.get("loss") is None, "a timing-only job has no values"
-for a, b in zip(real["ranks"], tim["ranks"]):
-    assert a["work"]["flops"] == b["work"]["flops"] and a["work"]["tile_pairs"] == b["work"]["tile_pairs"], \
-        (a["work"], b["work"])
-    assert a["ledger"] == b["ledger"], (a["rank"], a["ledger"], b["ledger"])
-# Both charge the same flops at the platform's speed: simulated compute agrees within 10x (the
-# real one is this host's kernel time scaled by --host-speed, timing-only the exact count).
-ca = max(r["time"]["compute_s"] for r in real["ranks"])
-cb = max(r["time"]["compute_s"] for r in tim["ranks"])
-assert cb > 0 and 0.1 < ca / cb < 10, (ca, cb)
-EOF
+  /usr/bin/python3 "$ROOT/scripts/simgrid_checks.py" timing "$tmp/real.json" "$tmp/timing.json" ||
+    fail "$strategy: timing-only against real"
   grep -q "timing-only" "$tmp/timing.out" || fail "$strategy timing-only: the summary does not say so"
   echo "test_simgrid: $strategy timing-only N=$n matches the computed job's work and ledger ($((SECONDS - t0)) s)"
 done
