@@ -154,11 +154,14 @@ def plot_time(rows, out, cores):
 
 
 def plot_wait(rows, out, beta, beta_note, cores):
-    floor = 1e-4  # log axes: an exposed wait of exactly 0 is drawn here
     panels = (("fwd_wait_ratio", "forward pass (last iteration's trace)"),
               ("wait_ratio", "forward + backward (median over iterations)"))
     # the ring's steps (usp's ring between groups has another I_step and would share the markers)
     pts = [r for r in rows if r["N"] > 1 and r["step_intensity"] and r["strategy"] == "ring"]
+    # log axes: an exposed wait of exactly 0 is drawn a little below the smallest measured one, so
+    # that the axis spans the data and not decades of nothing
+    nonzero = [r[c] for r in pts for c, _ in panels if r[c]]
+    floor = float(f"{min(nonzero) / 3:.1g}") if nonzero else 1e-4
     fig, axes = plt.subplots(1, 2, figsize=(15, 6), sharey=True)
     colors = color_of({r["N"] for r in pts} or {2})
     layouts = sorted({r["layout"] for r in pts})
@@ -220,16 +223,23 @@ def plot_strategies(rows, out, cores):
                 groups[(strategy_label(r), r["N"], r["layout"])].append(r)
         order = lambda k: (list(STRATEGY_STYLE).index(k[0].replace(" U=", ":"))  # noqa: E731
                            if k[0].replace(" U=", ":") in STRATEGY_STYLE else 99, k[1], k[2])
+        layouts = sorted({k[2] for k in groups})
+        one_strategy = len({k[0] for k in groups}) == 1
         for (st, n, layout) in sorted(groups, key=order):
             rs = sorted(groups[(st, n, layout)], key=lambda r: r["S"])
-            color, marker = strategy_style(st)
+            if one_strategy:  # nothing to tell apart but the layouts: colour and marker name the layout
+                color, marker = COLORS[layouts.index(layout) % len(COLORS)], LAYOUT_STYLE.get(layout, ("x", ""))[0]
+                fill = color
+            else:  # colour and marker name the strategy; a layout after the first is drawn hollow
+                color, marker = strategy_style(st)
+                fill = color if layout == layouts[0] else "white"
             ls = styles[ns.index(n) % len(styles)]
-            label = f"{st}, {n_label(n, cores)}" + (f", {layout}" if len({k[2] for k in groups}) > 1 else "")
+            label = f"{st}, {n_label(n, cores)}" + (f", {layout}" if len(layouts) > 1 else "")
             row_axes[0].plot([r["S"] for r in rs], [r["forward_s"] + r["backward_s"] for r in rs], marker=marker,
-                             linestyle=ls, color=color, label=label, markersize=7)
+                             linestyle=ls, color=color, markerfacecolor=fill, label=label, markersize=7)
             waits = [(r["S"], r["wait_s"], r["a2a_wait_s"]) for r in rs if r["wait_s"] is not None]
             row_axes[1].plot([w[0] for w in waits], [max(w[1], 1e-5) for w in waits], marker=marker, linestyle=ls,
-                             color=color, markersize=7)
+                             color=color, markerfacecolor=fill, markersize=7)
             a2a = [w for w in waits if w[2]]
             if a2a:
                 row_axes[1].plot([w[0] for w in a2a], [max(w[2], 1e-5) for w in a2a], marker=marker,
@@ -244,8 +254,9 @@ def plot_strategies(rows, out, cores):
             ax.set_ylabel(ylabel)
             ax.grid(True, which="both", alpha=0.3)
         row_axes[0].set_title(f"{what}: time against S", fontsize=10)
-        row_axes[1].set_title(f"{what}: wait that overlap did not hide\n"
-                              "(hollow: the part spent in all-to-alls)", fontsize=10)
+        a2a_note = "\n(large hollow markers: the part spent in all-to-alls)" if any(
+            r["a2a_wait_s"] for r in use if r["causal"] == causal) else ""
+        row_axes[1].set_title(f"{what}: wait that overlap did not hide{a2a_note}", fontsize=10)
     if not use:
         axes[0][0].set_title("no runs with N > 1: nothing to compare")
     legend_outside(fig, axes[0][0])
@@ -289,7 +300,8 @@ def plot_imbalance(rows, out, cores):
     ax.axhline(1.0, color="gray", linewidth=0.8)
     ax.set_xticks(range(len(ns)), [n_label(n, cores) for n in ns], fontsize=8)
     ax.set_ylabel("max / mean FLOPs over ranks (forward + backward)")
-    ax.set_ylim(0, max([r["imbalance"] for r in use] + [2.0]) * 1.25)
+    # room for the tallest bar or model line, no more
+    ax.set_ylim(0, max([r["imbalance"] for r in use] + [(2 * n - 1) / n for n in ns if causal] + [1.0]) * 1.08)
     ax.set_title(f"Load imbalance per layout{'' if causal else ' (no causal rows: every layout is balanced)'}\n"
                  f"{shape_title(use or rows)}", fontsize=10)
     legend_outside(fig, ax)
