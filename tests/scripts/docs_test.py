@@ -39,6 +39,11 @@ def blocks(text):
 
 
 def docs_pages():
+    """The markdown pages under docs/: those git tracks in a checkout (a page being written is not
+    yet one), every one otherwise."""
+    p = subprocess.run(["git", "-C", ARGS.root, "ls-files", "docs"], capture_output=True, text=True)
+    if p.returncode == 0 and p.stdout.strip():
+        return sorted(f for f in p.stdout.split() if f.endswith(".md"))
     pages = glob.glob(os.path.join(ARGS.root, "docs", "**", "*.md"), recursive=True)
     return sorted(os.path.relpath(p, ARGS.root) for p in pages)
 
