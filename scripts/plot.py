@@ -3,22 +3,25 @@
 
     scripts/plot.py FILE.csv [--outdir DIR] [--beta B | --probe FILE.probe.json] [--cores N]
 
-A CSV of scripts/simulate.sh --sweep (it has plan_comm_ratio) gives one chart instead (or, with
---table, the markdown table of the README's simulation section),
-STEM_simulated.png: simulated exposed wait against N, one panel per S and a line per strategy, beside plan's
-  prediction.
-
 Writes four PNGs next to the CSV (or in --outdir), named after it:
-  STEM_time.png       forward + backward time against S, one line per N and layout (log-log);
+  STEM_time.png       the ring's forward + backward time against S, one line per N and layout (log-log);
   STEM_strategies.png the strategies compared over S (N > 1): forward + backward time, and the exposed
-                      wait with its all-to-all part, one line per N, strategy and layout;
-  STEM_wait.png       exposed forward wait / forward compute against the cost model's step intensity
-                      I_step, with the model's line comm/compute = beta / I_step (rows with a ring);
+                      wait with its all-to-all part; colour and marker name the strategy (the layout
+                      when the sweep has one strategy), the line style names N;
+  STEM_wait.png       the ring's exposed wait / compute against the cost model's step intensity
+                      I_step, forward and forward + backward, with the model's line beta / I_step;
   STEM_imbalance.png  max / mean FLOPs over ranks per layout and N (causal rows of the ring), with the
-                      the cost model's contiguous-shard model 2N/(N+1).
+                      block models 2N/(N+1) and (2N-1)/N for contiguous shards.
+Every chart keeps its legend beside the axes, and every strategy has one colour and one marker in
+all of them (ring blue circles, ulysses orange squares, usp by its U).
+
 beta is the machine's FLOP/byte ratio measured by `ringattn probe` (compute rate / ring bandwidth at
 one K/V block): --beta, or the "beta" of --probe, or of STEM.probe.json next to the CSV when sweep.sh
 wrote one. Without it the wait chart says so and draws no model line.
+
+A CSV of scripts/simulate.sh --sweep (it has plan_comm_ratio) gives STEM_simulated.png instead:
+simulated exposed wait against N, one panel per S and a line per strategy, beside plan's prediction;
+with --table, the markdown table of docs/simulation.md (no matplotlib needed).
 """
 import argparse
 import csv
@@ -367,7 +370,7 @@ def plot_simulated(path, out):
 
 
 def simulated_table(path):
-    """The README's table of a scripts/simulate.sh --sweep CSV (markdown): rows S, columns N; each
+    """docs/simulation.md's table of a scripts/simulate.sh --sweep CSV (markdown): rows S, columns N; each
     cell the ring's simulated exposed wait, plan's beta/I_step with its verdict, and the fastest
     simulated strategy with its forward + backward time against the ring's."""
     rows = [r for r in csv.DictReader(open(path, newline="")) if r.get("status") == "ok"]
