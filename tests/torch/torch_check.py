@@ -78,9 +78,10 @@ def parse_args(argv=None):
     p.add_argument("--logit-scale", type=float, default=1.0,
                    help="multiply q by this (e.g. 40: logits large enough to overflow exp)")
     p.add_argument("--seed", type=int, default=0, help="numpy seed for the inputs")
-    p.add_argument("--strategy", choices=["ring", "ulysses", "usp"], default=None,
+    p.add_argument("--strategy", choices=["ring", "ulysses", "usp", "allgather"], default=None,
                    help="passed to ringattn run (default: its default, ring)")
     p.add_argument("--ulysses-degree", type=int, default=None, help="usp: ranks per all-to-all group U")
+    p.add_argument("--kv-head-group", type=int, default=None, help="allgather: KV heads gathered at once G")
     p.add_argument("--workdir", default=None,
                    help="parent of the scratch dir (kept); default: system temp, removed on success")
     p.add_argument("--mpirun", default="mpirun", help="mpirun / mpiexec executable")
@@ -266,6 +267,8 @@ def run_binary(args, in_dir, out_dir):
         cmd += ["--strategy", args.strategy]
     if args.ulysses_degree is not None:
         cmd += ["--ulysses-degree", str(args.ulysses_degree)]
+    if args.kv_head_group is not None:
+        cmd += ["--kv-head-group", str(args.kv_head_group)]
     print("run:", " ".join(cmd), flush=True)
     return run_mpi(cmd, args.timeout)
 
