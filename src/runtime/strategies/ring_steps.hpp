@@ -84,7 +84,7 @@ class RingSteps {
       comm::charge_flops(w.flops);
       ps_.work += w;
     }
-    rec_.compute_s = comm::wtime() - t0;
+    rec_.compute_s += comm::wtime() - t0;
   }
 
   // The observer sees the running state after a forward block, a contribution after a replay.
