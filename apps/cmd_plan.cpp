@@ -75,15 +75,21 @@ void print_plan(const core::CostInputs& in, const core::CostEstimate& e) {
 void print_strategies(const std::vector<core::StrategyEstimate>& st) {
   fmt::print("\n  strategies side by side (per device, forward; the all-to-all is exposed, the ring's receive can "
              "hide behind a step)\n");
-  fmt::print("    {:<8} {:>3} {:>11} {:>14} {:>11} {:>11} {:>10} {:>10} {:>11} {:>11}   {}\n", "strategy", "U",
+  fmt::print("    {:<9} {:>3} {:>11} {:>14} {:>11} {:>11} {:>10} {:>10} {:>11} {:>11}   {}\n", "strategy", "U",
              "receive", "a2a elements", "ring bytes", "I_step", "a2a time", "ring step", "comm/comp", "predicted",
              "verdict");
   for (const core::StrategyEstimate& x : st) {
     if (!x.impossible.empty()) {
-      fmt::print("    {:<8} {:>3}   impossible: {}\n", x.strategy, x.U, x.impossible);
+      fmt::print("    {:<9} {:>3}   impossible: {}\n", x.strategy, x.U, x.impossible);
       continue;
     }
-    fmt::print("    {:<8} {:>3} {:>11} {:>14.0f} {:>11} {:>11} {:>10} {:>10} {:>11} {:>11}   {}\n", x.strategy, x.U,
+    if (x.strategy == "allgather") {
+      fmt::print("    {:<9} {:>3} {:>11} {:>14} {:>11} {:>11} {:>10} {:>10} {:>11} {:>11}   {}\n", x.strategy, "-",
+                 si(x.recv_bytes, "B"), "-", "-", "-", secs(x.exposed_gather_s), "-", pct(x.comm_ratio),
+                 secs(x.predicted_s), core::verdict_text(x.verdict));
+      continue;
+    }
+    fmt::print("    {:<9} {:>3} {:>11} {:>14.0f} {:>11} {:>11} {:>10} {:>10} {:>11} {:>11}   {}\n", x.strategy, x.U,
                si(x.recv_bytes, "B"), x.a2a_recv_elems, si(x.ring_recv_bytes, "B"),
                x.step_intensity > 0 ? fmt::format("{:.6g}", x.step_intensity) : std::string("-"), secs(x.a2a_s),
                x.step_intensity > 0 ? pct(x.step_comm_ratio) : std::string("-"), pct(x.comm_ratio),
@@ -91,6 +97,11 @@ void print_strategies(const std::vector<core::StrategyEstimate>& st) {
   }
   fmt::print("    a2a elements: (U-1)/U B (S/N) (2H + 2HKV) D (q, k, v in, O back; kv heads replicated when HKV % U "
              "!= 0), plus LSE (U-1)/U B (S/N) H\n");
+  for (const core::StrategyEstimate& x : st)
+    if (x.strategy == "allgather")
+      fmt::print("    allgather: receives (N-1)/N B S 2 HKV D p; holds two gathered groups of G={} KV heads, {}; its "
+                 "a2a-time column is the gather no compute hides (the first group's)\n",
+                 x.kv_head_group, si(x.gathered_bytes, "B"));
   fmt::print("    predicted = compute x max(1, ring step comm/compute) + a2a time; least: {}\n",
              label(core::predicted_best(st)));
 }

@@ -22,15 +22,15 @@ using runtime::ProbeConfig;
 void print_strategies(const Probe& p) {
   if (p.strategies.empty()) return;
   fmt::print("\nstrategies: forward and backward on these N={} ranks (slowest rank, median)\n", p.N);
-  fmt::print("  {:<8} {:>3} {:>12} {:>12} {:>12} {:>12} {:>13} {:>12} {:>6}\n", "strategy", "U", "forward", "backward",
+  fmt::print("  {:<9} {:>3} {:>12} {:>12} {:>12} {:>12} {:>13} {:>12} {:>6}\n", "strategy", "U", "forward", "backward",
              "total", "received", "exposed wait", "a2a wait", "iters");
   for (const runtime::StrategyProbe& x : p.strategies) {
     if (!x.forbidden.empty()) {
-      fmt::print("  {:<8} {:>3}   not run: {}\n", x.strategy,
+      fmt::print("  {:<9} {:>3}   not run: {}\n", x.strategy,
                  x.ulysses_degree > 0 ? std::to_string(x.ulysses_degree) : std::string("-"), x.forbidden);
       continue;
     }
-    fmt::print("  {:<8} {:>3} {:>12} {:>12} {:>12} {:>12} {:>13} {:>12} {:>6}\n", x.strategy, x.ulysses_degree,
+    fmt::print("  {:<9} {:>3} {:>12} {:>12} {:>12} {:>12} {:>13} {:>12} {:>6}\n", x.strategy, x.ulysses_degree,
                ms(x.forward_s), ms(x.backward_s), ms(x.forward_s + x.backward_s),
                human_bytes(double(x.recv_bytes), "{:.4g} {}"), ms(x.exposed_wait_s), ms(x.a2a_wait_s), x.iters);
   }
@@ -112,7 +112,7 @@ Command add_probe_command(CLI::App& parent) {
       ->capture_default_str();
   probe->add_flag("--json", c.json, "print one JSON object instead of the tables");
   probe->add_option("--strategies", c.strategies,
-                    "time these strategies forward and backward on the live ranks, e.g. ring,ulysses,usp (those the "
+                    "time these strategies forward and backward on the live ranks, e.g. ring,ulysses,usp,allgather (those the "
                     "shape forbids are listed with the reason)")
       ->delimiter(',');
   add_integer(probe, "--ulysses-degree", c.ulysses_degree,

@@ -121,7 +121,35 @@ StrategyEstimate estimate_strategy(const CostInputs& in, const CostEstimate& rin
   return e;
 }
 
+// Forward: group g+1's gather overlaps group g's compute; the first gather is exposed, and a group
+// whose gather outlasts its compute exposes the difference.
+StrategyEstimate estimate_allgather(const CostInputs& in, const CostEstimate& ring) {
+  StrategyEstimate e;
+  e.strategy = "allgather";
+  const double S = double(in.S), N = double(in.N), B = double(in.B), D = double(in.D), p = in.bytes;
+  e.kv_head_group = default_kv_head_group(in.B, in.S, in.HKV, in.D, p);
+  const double groups = double(in.HKV / e.kv_head_group);
+  e.ag_recv_bytes = (N - 1) / N * B * S * 2.0 * double(in.HKV) * D * p;
+  e.recv_bytes = e.ag_recv_bytes;
+  e.gathered_bytes = 2.0 * 2.0 * B * double(e.kv_head_group) * S * D * p;
+  e.compute_s = ring.compute_s;
+  const double gather = e.ag_recv_bytes / groups / in.bandwidth, compute = e.compute_s / groups;
+  e.exposed_gather_s = gather + (groups - 1) * std::max(0.0, gather - compute);
+  e.predicted_s = e.compute_s + e.exposed_gather_s;
+  e.comm_ratio = e.exposed_gather_s / e.compute_s;
+  e.verdict = verdict_for(e.comm_ratio, in.N > 1);
+  return e;
+}
+
 }  // namespace
+
+Index default_kv_head_group(Index B, Index S, Index HKV, Index D, double bytes) {
+  const double per_head = 2.0 * 2.0 * double(B) * double(S) * double(D) * bytes;
+  Index best = 1;
+  for (Index G = 1; G <= HKV; ++G)
+    if (HKV % G == 0 && (HKV / G >= 2 || HKV == 1) && double(G) * per_head <= 256.0 * 1048576.0) best = G;
+  return best;
+}
 
 std::vector<StrategyEstimate> estimate_strategies(const CostInputs& in) {
   const CostEstimate ring = estimate_cost(in);
@@ -132,6 +160,7 @@ std::vector<StrategyEstimate> estimate_strategies(const CostInputs& in) {
   out.push_back(uly);
   for (Index U = 2; U < in.N; ++U)
     if (in.N % U == 0) out.push_back(estimate_strategy(in, ring, "usp", U));
+  out.push_back(estimate_allgather(in, ring));
   return out;
 }
 

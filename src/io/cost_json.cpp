@@ -55,6 +55,12 @@ Json plan_json(const core::CostInputs& in, const core::CostEstimate& e,
     o["a2a_s"] = s.a2a_s;
     o["predicted_s"] = s.predicted_s;
     o["comm_ratio"] = s.comm_ratio;
+    if (s.strategy == "allgather") {
+      o["ag_recv_bytes"] = s.ag_recv_bytes;
+      o["kv_head_group"] = static_cast<std::int64_t>(s.kv_head_group);
+      o["gathered_bytes"] = s.gathered_bytes;
+      o["exposed_gather_s"] = s.exposed_gather_s;
+    }
     o["verdict"] = core::verdict_text(s.verdict);
     st.push_back(o);
   }

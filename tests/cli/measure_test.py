@@ -52,10 +52,14 @@ def test_plan_reference_figures():
     for k, v in want.items():
         close(j.get(k), v, 0.01, k)
     check(j.get("verdict") == "overlap has room", f"verdict {j.get('verdict')}")
-    # the strategies side by side: ring, ulysses (the same 0.587 GB, as elements at p = 2), usp U=2, U=4
+    # the strategies side by side: ring, ulysses (the same 0.587 GB, as elements at p = 2), usp U=2, U=4,
+    # allgather (the ring's bytes, gathered)
     st = j.get("strategies", [])
     check([(x.get("strategy"), x.get("ulysses_degree")) for x in st] ==
-          [("ring", 1), ("ulysses", 8), ("usp", 2), ("usp", 4)], f"strategies {st}")
+          [("ring", 1), ("ulysses", 8), ("usp", 2), ("usp", 4), ("allgather", 1)], f"strategies {st}")
+    if len(st) == 5:
+        check(st[4].get("ag_recv_bytes") == st[0].get("recv_bytes"),
+              f"allgather receives the ring's bytes: {st[4].get('ag_recv_bytes')}")
     if len(st) == 4:
         close(st[1].get("a2a_recv_elems", 0) * 2, 0.587e9, 0.01, "ulysses a2a elements x p")
         close(st[0].get("recv_bytes"), 0.94e9, 0.01, "ring bytes in the strategies")
@@ -199,7 +203,7 @@ def test_probe_strategies():
           f"unknown dtype: exit 2, one line ({p.returncode}: {lines})")
     p = run([ARGS.mpirun, "-np", 2, ARGS.binary, "probe", "--strategies", "ring,tree"])
     lines = [l for l in p.stderr.splitlines() if l.startswith("ringattn")]
-    check(p.returncode == 2 and len(lines) == 1 and "ring, ulysses or usp" in lines[0],
+    check(p.returncode == 2 and len(lines) == 1 and "ring, ulysses, usp or allgather" in lines[0],
           f"unknown strategy: exit 2, one line ({p.returncode}: {lines})")
 
 

@@ -238,7 +238,7 @@ TEST(CostModel, RejectsBadInputsNamingTheOption) {
 // the cost model's 0.587 GB without LSE; the ring row is the ring's own figures; usp sits between.
 TEST(CostModel, StrategiesSideBySide) {
   const std::vector<StrategyEstimate> st = estimate_strategies(kModelExample);
-  ASSERT_EQ(st.size(), 4u);  // ring, ulysses, usp U=2, usp U=4
+  ASSERT_EQ(st.size(), 5u);  // ring, ulysses, usp U=2, usp U=4, allgather
   const CostEstimate ring = estimate_cost(kModelExample);
   EXPECT_EQ(st[0].strategy, "ring");
   EXPECT_DOUBLE_EQ(st[0].recv_bytes, ring.recv_bytes);
@@ -253,6 +253,13 @@ TEST(CostModel, StrategiesSideBySide) {
   EXPECT_GT(st[2].recv_bytes, st[1].recv_bytes);
   EXPECT_LT(st[2].recv_bytes, st[0].recv_bytes);
   EXPECT_EQ(predicted_best(st).strategy, "ring");  // NVLink hides the ring; the all-to-all is exposed
+  // allgather receives the ring's bytes; at S = 256K one bf16 KV head per group already fills the
+  // 256 MiB of two gathered groups (2 x 2 B S D p), so G = 1; the first group's gather is exposed.
+  EXPECT_EQ(st[4].strategy, "allgather");
+  EXPECT_DOUBLE_EQ(st[4].ag_recv_bytes, ring.recv_bytes);
+  EXPECT_EQ(st[4].kv_head_group, 1);
+  EXPECT_DOUBLE_EQ(st[4].gathered_bytes, 256.0 * 1048576.0);
+  EXPECT_DOUBLE_EQ(st[4].exposed_gather_s, ring.recv_bytes / 8 / kModelExample.bandwidth);
 }
 
 // The number plan prints is the one the runtime's ledger counts (elements, LSE apart).
@@ -276,8 +283,9 @@ TEST(CostModel, StrategiesTheShapeForbidsAreNamed) {
   in.H = 6;
   in.HKV = 2;
   const std::vector<StrategyEstimate> st = estimate_strategies(in);
-  ASSERT_EQ(st.size(), 3u);
+  ASSERT_EQ(st.size(), 4u);  // ring, ulysses, usp U=2, allgather
   EXPECT_TRUE(st[0].impossible.empty());
+  EXPECT_TRUE(st[3].impossible.empty());  // allgather has no rule on the heads
   EXPECT_NE(st[1].impossible.find("H % N == 0"), std::string::npos) << st[1].impossible;
   EXPECT_TRUE(st[2].impossible.empty());  // usp U = 2 splits 6 heads
   in.H = 3;

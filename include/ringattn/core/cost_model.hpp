@@ -76,8 +76,13 @@ CostEstimate estimate_cost(const CostInputs& in);
 // behind a step's compute, so: predicted = compute_s max(1, beta / I_step) + a2a recv bytes /
 // bandwidth, and the verdict reads a2a_s / compute_s + beta / I_step (what overlap cannot hide plus
 // what it must).
+// The all-gather strategy's KV-head group when none is given: the largest G dividing HKV that leaves
+// at least two groups (one group's gather overlaps the other's compute) and keeps the two gathered
+// groups, 2 x 2 B G S D `bytes`, within 256 MiB.
+Index default_kv_head_group(Index B, Index S, Index HKV, Index D, double bytes);
+
 struct StrategyEstimate {
-  std::string strategy;  // ring, ulysses, usp
+  std::string strategy;  // ring, ulysses, usp, allgather
   Index U = 1;
   std::string impossible;     // why the shape forbids it; empty when it can run
   double a2a_recv_elems = 0;  // forward, without LSE: (U-1)/U B (S/N) (2H + 2HKV') D
@@ -86,10 +91,14 @@ struct StrategyEstimate {
   double step_intensity = 0;  // of the ring between groups; 0 when there is none (R = 1)
   double step_comm_ratio = 0;  // beta / I_step
   double a2a_s = 0, compute_s = 0, predicted_s = 0, comm_ratio = 0;
+  // allgather: the K/V it gathers per pass, (N-1)/N B S 2 HKV D p, the group G, the two gathered
+  // groups it holds, and the one gather no compute hides (the first group's).
+  double ag_recv_bytes = 0, gathered_bytes = 0, exposed_gather_s = 0;
+  Index kv_head_group = 0;
   Verdict verdict = Verdict::no_communication;
 };
 
-// ring, ulysses, then usp for every U with 1 < U < N dividing N. Validates `in`.
+// ring, ulysses, usp for every U with 1 < U < N dividing N, then allgather. Validates `in`.
 std::vector<StrategyEstimate> estimate_strategies(const CostInputs& in);
 // The possible estimate with the least predicted time (the ring when nothing else is).
 const StrategyEstimate& predicted_best(const std::vector<StrategyEstimate>& e);

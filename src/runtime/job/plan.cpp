@@ -10,6 +10,7 @@
 #include <tuple>
 
 #include "ringattn/comm/simulation.hpp"
+#include "ringattn/core/cost_model.hpp"
 #include "ringattn/core/head_split.hpp"
 #include "ringattn/core/storage.hpp"
 
@@ -116,9 +117,7 @@ int checked_ulysses_degree(StrategyKind k, std::optional<int> given, Index H, in
   return ulysses_degree(k, given.value_or(0), N);
 }
 
-// All-gather: G KV heads gathered at once, G dividing HKV. By default the largest G that leaves
-// at least two groups (so one group's gather overlaps the other's compute) and keeps the two
-// gathered groups within 256 MiB.
+// All-gather: G KV heads gathered at once, G dividing HKV; core::default_kv_head_group by default.
 int checked_kv_head_group(StrategyKind k, std::optional<int> given, const Shape& s, DType dtype,
                           const OptionNames& n) {
   if (given && k != StrategyKind::allgather)
@@ -131,12 +130,7 @@ int checked_kv_head_group(StrategyKind k, std::optional<int> given, const Shape&
                                                  "(expected a divisor of HKV)", *given, s.HKV));
     return *given;
   }
-  const double per_head = 2.0 * 2.0 * double(s.B) * double(s.S) * double(s.D) * double(core::dtype_size(dtype));
-  int best = 1;
-  for (Index G = 1; G <= s.HKV; ++G)
-    if (s.HKV % G == 0 && (s.HKV / G >= 2 || s.HKV == 1) && double(G) * per_head <= 256.0 * 1048576.0)
-      best = static_cast<int>(G);
-  return best;
+  return static_cast<int>(core::default_kv_head_group(s.B, s.S, s.HKV, s.D, double(core::dtype_size(dtype))));
 }
 
 core::Traffic parse_traffic(const std::string& name, const OptionNames& n) {
