@@ -14,6 +14,16 @@
 //             per piece: P = 2^(S - m) / l from the forward's own m and l (S recomputed bit for bit),
 //                        dV += P^T dO, dS = scale P o (dO V^T - delta) formed as it is stored,
 //                        dQ += dS K, dK += dS^T Q.
+// Non-finite operands (NaN, +-inf in Q, K, V, dO) give what PyTorch's float64 autograd gives when each
+// query row's softmax runs over the keys that row sees: an output is non-finite exactly when it
+// depends, through a visible pair, on a non-finite value. Full pieces get that from IEEE arithmetic
+// as they are (every pair in them is visible) once a NaN or +inf row max stays NaN (pass 2, and the
+// softmax of such a row is NaN: exp_tile). A partial piece also multiplies the zeros of its invisible
+// pairs, and 0 * NaN would carry a NaN to a row or key that never sees it: when a head group's
+// operands (or its forward state) hold a non-finite value, found by one vector scan per group and
+// block, its partial pieces sum over their visible pairs only (visible_accumulate, visible_backward),
+// in scalar code that finite inputs never run.
+//
 // Every product element is one FMA chain in a fixed order (over d for S and dP, over the shared
 // dimension for the others, then one FMA into the output), so results do not depend on how rows are
 // blocked, and the backward's S is the forward's exactly. The copies give every operand a row
@@ -43,6 +53,81 @@ HWY_BEFORE_NAMESPACE();
 namespace ringattn::core::HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
+// ---- the exact paths for non-finite operands -----------------------------------------------------
+
+// The rows of a piece whose softmax is NaN although the row max does not say so get max NaN: a row
+// whose query holds a non-finite value and which sees a key here (no score of it is finite; PyTorch's
+// softmax of such a row is NaN even when every score is -inf), and a row whose max is -inf although
+// it holds a score other than -inf (a NaN that the vector max passed over). sees(i, j): row i sees
+// key j of the piece.
+template <class A, class Sees>
+void nan_rows(const A* Sc, Index lds, Index n, Index tk, const A* qs, Index D, A* rmax, Sees&& sees) {
+  constexpr A kNegInf = -std::numeric_limits<A>::infinity();
+  for (Index i = 0; i < n; ++i) {
+    bool nan = false;
+    if (rmax[i] == kNegInf)
+      for (Index j = 0; j < tk && !nan; ++j) nan = Sc[i * lds + j] != kNegInf;
+    if (!nan && !std::isnan(rmax[i]))
+      for (Index d = 0; d < D; ++d)
+        if (!std::isfinite(qs[i * D + d])) {
+          for (Index j = 0; j < tk && !nan; ++j) nan = sees(i, j);
+          break;
+        }
+    if (nan) rmax[i] = std::numeric_limits<A>::quiet_NaN();
+  }
+}
+
+// Pass 3 of a partial piece with non-finite operands: O = c O + P V over the visible pairs only, so
+// that an invisible key's non-finite V (times its P = 0) reaches no row that does not see it.
+template <class A, class Sees>
+void visible_accumulate(const A* P, Index n, Index ldp, Index tk, const A* V, Index ldv, Index D, const A* c, A* O,
+                        Index ldo, Sees&& sees) {
+  for (Index i = 0; i < n; ++i) {
+    A* o = O + i * ldo;
+    for (Index d = 0; d < D; ++d) o[d] *= c[i];
+    for (Index j = 0; j < tk; ++j) {
+      if (!sees(i, j)) continue;
+      const A pij = P[i * ldp + j];
+      const A* vj = V + j * ldv;
+      for (Index d = 0; d < D; ++d) o[d] = std::fma(pij, vj[d], o[d]);
+    }
+  }
+}
+
+// Passes 2-4 of the backward of a partial piece with non-finite operands or state, over the visible
+// pairs only: dV += P^T dO, dS = scale P o (dO V^T - delta), dQ += dS K, dK += dS^T Q. The visible
+// probabilities of a row whose forward went non-finite (l not finite) are NaN, as its softmax is.
+// P and dS are n x tk tiles of row stride ld; VT is V^T (row stride ld), the others rows of stride
+// ldd (dQ, dK, dV: D).
+template <class A, class Sees>
+void visible_backward(A* P, A* dS, Index n, Index tk, Index ld, const A* dO, const A* Q, const A* K, const A* VT,
+                      Index ldd, Index D, const A* l, const A* delta, A scale, A* dq, A* dk, A* dv, Sees&& sees) {
+  for (Index i = 0; i < n; ++i) {
+    const bool nan_row = !std::isfinite(l[i]);
+    for (Index j = 0; j < tk; ++j) {
+      A& p = P[i * ld + j];
+      if (!sees(i, j)) {
+        p = dS[i * ld + j] = A(0);
+        continue;
+      }
+      if (nan_row) p = std::numeric_limits<A>::quiet_NaN();
+      A dp = 0;
+      for (Index d = 0; d < D; ++d) dp = std::fma(dO[i * ldd + d], VT[d * ld + j], dp);
+      dS[i * ld + j] = scale * p * (dp - delta[i]);
+    }
+  }
+  for (Index i = 0; i < n; ++i)
+    for (Index j = 0; j < tk; ++j) {
+      if (!sees(i, j)) continue;
+      const A s = dS[i * ld + j], p = P[i * ld + j];
+      for (Index d = 0; d < D; ++d) {
+        dq[i * D + d] = std::fma(s, K[j * ldd + d], dq[i * D + d]);
+        dk[j * D + d] = std::fma(s, Q[i * ldd + d], dk[j * D + d]);
+        dv[j * D + d] = std::fma(p, dO[i * ldd + d], dv[j * D + d]);
+      }
+    }
+}
+
 // ---- the two kernels ------------------------------------------------------------------------------
 
 template <class S, class A>
@@ -62,6 +147,7 @@ Work forward_impl(const QueryShard<S>& q, const KVBlock<S>& kv, const Mask& mask
       A* mg = st.m + q.pk.row_group(b, g);
       A* lg = st.l + q.pk.row_group(b, g);
       A* ag = st.acc + q.pk.q_group(b, g);
+      const bool nonfinite = any_nonfinite(qg, rows * D) || any_nonfinite(kg, Lk * D) || any_nonfinite(vg, Lk * D);
       Index q0 = 0, c0 = 0;
       walk::for_each_tile(
           mask, q.pos, G, kv.pos, rows, Lk, t, ws.R,
@@ -91,22 +177,31 @@ Work forward_impl(const QueryShard<S>& q, const KVBlock<S>& kv, const Mask& mask
                 scores<Epilogue::max, A>(ws.qs.data() + (p.r0 - q0) * D, n, D, D, ws.kt.data() + k0, ldk, tk, Sc, lds,
                                       nullptr, nullptr, A(0), rmax, ws.vmax.data());
               }
+              const bool exact = nonfinite && cls == TileClass::partial;  // sum over visible pairs only
+              auto sees = [&](Index i, Index j) {
+                return cls != TileClass::partial || mask.visible(q.pos[(p.r0 + i) / G], kv.pos[p.c0 + j]);
+              };
+              if (nonfinite) nan_rows(Sc, lds, n, tk, ws.qs.data() + (p.r0 - q0) * D, D, rmax, sees);
               // pass 2: m' = max(m, rowmax), P = 2^(S - m'), l' = c l + sum P, c = 2^(m - m')
               A* m = mg + p.r0;
               A* l = lg + p.r0;
               A* m_new = ws.rowmax.data();  // the row max becomes the new running max
               for (Index i = 0; i < n; ++i) {
-                m_new[i] = std::max(m[i], rmax[i]);
+                // a NaN max (a NaN score) stays: the row's softmax is NaN from here on
+                m_new[i] = std::isnan(rmax[i]) ? rmax[i] : std::max(m[i], rmax[i]);
                 // 2^(m - m'): 0 on the first visible block, 1 once the max settles, 1 (state kept)
                 // while nothing is visible yet
                 c[i] = m_new[i] == -std::numeric_limits<A>::infinity() ? A(0) : m[i] - m_new[i];
               }
-              exp_tile<false, A>(Sc, n, tk, lds, m_new, nullptr, ws.rowsum.data());
+              exp_tile<false, A>(Sc, n, tk, lds, m_new, nullptr, ws.rowsum.data(), cls != TileClass::partial);
               std::copy_n(m_new, n, m);
               pow_rows(c, n);
               for (Index i = 0; i < n; ++i) l[i] = c[i] * l[i] + ws.rowsum[i];
               // pass 3: O = c O + P V
-              accumulate<false, A>(Sc, n, lds, tk, ws.vw.data() + k0 * ldv, ldv, D, c, ag + p.r0 * D, D);
+              if (exact)
+                visible_accumulate(Sc, n, lds, tk, ws.vw.data() + k0 * ldv, ldv, D, c, ag + p.r0 * D, D, sees);
+              else
+                accumulate<false, A>(Sc, n, lds, tk, ws.vw.data() + k0 * ldv, ldv, D, c, ag + p.r0 * D, D);
               work.flops += 4.0 * double(n) * double(tk) * double(D);
             });
             ++work.tile_pairs;
@@ -129,6 +224,9 @@ Work backward_impl(const GradQueryShard<S>& gq, const KVBlock<S>& kv, const Mask
   for (Index b = 0; b < q.pk.B; ++b)
     for (Index g = 0; g < q.pk.HKV; ++g) {
       const Index qo = q.pk.q_group(b, g), ro = q.pk.row_group(b, g), ko = kv.pk.kv_group(b, g);
+      const bool nonfinite = any_nonfinite(q.q + qo, rows * D) || any_nonfinite(gq.dout + qo, rows * D) ||
+                             any_nonfinite(kv.k + ko, Lk * D) || any_nonfinite(kv.v + ko, Lk * D) ||
+                             any_nonfinite(gq.l + ro, rows) || any_nonfinite(gq.delta + ro, rows);
       Index q0 = 0, c0 = 0;
       const A *Qc = ws.qw.data(), *dOc = ws.dow.data(), *K = ws.kw.data();
       walk::for_each_tile(
@@ -160,7 +258,16 @@ Work backward_impl(const GradQueryShard<S>& gq, const KVBlock<S>& kv, const Mask
               if (cls == TileClass::partial) walk::apply_mask(P, ld, mask, q.pos, G, kv.pos, p);
               A* inv = ws.rowc.data();
               for (Index i = 0; i < n; ++i) inv[i] = l[i] == A(0) ? A(0) : A(1) / l[i];  // l = 0: m = -inf, no key
-              exp_tile<true, A>(P, n, tk, ld, m, inv, nullptr);
+              exp_tile<true, A>(P, n, tk, ld, m, inv, nullptr, cls != TileClass::partial);
+              if (nonfinite && cls == TileClass::partial) {  // passes 2-4 over the visible pairs only
+                visible_backward(P, dS, n, tk, ld, dOc + i0 * ldd, Qc + i0 * ldd, K + k0 * ldd, ws.vt.data() + k0, ldd,
+                                 D, l, gq.delta + ro + p.r0, scale, gq.dq + qo + p.r0 * D, dk + ko + p.c0 * D,
+                                 dv + ko + p.c0 * D, [&](Index i, Index j) {
+                                   return mask.visible(q.pos[(p.r0 + i) / G], kv.pos[p.c0 + j]);
+                                 });
+                work.flops += 10.0 * double(n) * double(tk) * double(D);
+                return;
+              }
               // pass 2: dV += P^T dO
               A* dVp = dv + ko + p.c0 * D;
               accumulate<true, A>(P, tk, ld, n, dOc + i0 * ldd, ldd, D, nullptr, dVp, D);
@@ -261,7 +368,7 @@ simd::PieceTimes piece_times_impl(Index D, int reps) {
     scores<Epilogue::max, A>(ws.qs.data(), n, D, D, ws.kt.data(), ws.ld, tk, ws.s.data(), ws.ld, nullptr, nullptr, A(0),
                              ws.rowmax.data(), ws.vmax.data());
     const auto t1 = clock::now();
-    exp_tile<false, A>(ws.s.data(), n, tk, ws.ld, ws.rowmax.data(), nullptr, ws.rowsum.data());
+    exp_tile<false, A>(ws.s.data(), n, tk, ws.ld, ws.rowmax.data(), nullptr, ws.rowsum.data(), true);
     const auto t2 = clock::now();
     accumulate<false, A>(ws.s.data(), n, ws.ld, tk, ws.vw.data(), ws.ldd, D, c.data(), o.data(), D);
     const auto t3 = clock::now();

@@ -13,6 +13,8 @@
 #include "hwy/highway.h"
 
 #include <algorithm>
+#include <cmath>
+#include <cstdint>
 #include <limits>
 #include <span>
 
@@ -99,25 +101,67 @@ void transpose_rows(const S* K, Index tk, Index D, A* KT, Index ldkt) {
     for (Index d = 0; d < D; ++d) KT[d * ldkt + j] = widen<A>(K[j * D + d]);
 }
 
+// ---- non-finite operands -------------------------------------------------------------------------
+
+// Whether any of x[0, n) is NaN or infinite: vector loads OR-ed into one mask, no branch per vector
+// (bf16 and f16: an all-ones exponent). The kernels ask once per head group and block, to know
+// whether the rare exact handling of non-finite values may be needed (see block_kernels.cpp).
+template <class T>
+bool any_nonfinite(const T* x, Index n) {
+  if constexpr (is_half_v<T>) {
+    const hn::ScalableTag<std::uint16_t> d;
+    const std::uint16_t e = std::is_same_v<T, bf16> ? 0x7F80 : 0x7C00;
+    const std::uint16_t* u = reinterpret_cast<const std::uint16_t*>(x);
+    const Index N = static_cast<Index>(hn::Lanes(d));
+    const auto ve = hn::Set(d, e);
+    auto bad = hn::Zero(d);
+    Index i = 0;
+    for (; i + N <= n; i += N) bad = hn::Or(bad, hn::VecFromMask(d, hn::Eq(hn::And(hn::LoadU(d, u + i), ve), ve)));
+    bool any = !hn::AllFalse(d, hn::Ne(bad, hn::Zero(d)));
+    for (; i < n; ++i) any |= (u[i] & e) == e;
+    return any;
+  } else {
+    const Tag<T> d;
+    const Index N = static_cast<Index>(hn::Lanes(d));
+    auto bad = hn::FirstN(d, 0);
+    Index i = 0;
+    for (; i + N <= n; i += N) bad = hn::Or(bad, hn::Not(hn::IsFinite(hn::LoadU(d, x + i))));
+    bool any = !hn::AllFalse(d, bad);
+    for (; i < n; ++i) any |= !std::isfinite(x[i]);
+    return any;
+  }
+}
+
 // ---- pass 2: the softmax of a tile ---------------------------------------------------------------
 
 // Row i of the n x tk tile S (row stride lds) becomes 2^(S - mref[i]), times w[i] when kScale;
 // sum[i] = the row's sum (before w) when sum is not null. A row with mref[i] = -inf sees no key:
-// it becomes 0 and its sum 0. One vector per step into one running sum: the polynomial's constants
+// it becomes 0 and its sum 0. A row with mref[i] NaN or +inf has a NaN or +inf score (a non-finite
+// operand): its softmax is NaN, so its visible entries become NaN and its sum NaN; every entry is
+// visible when all_visible (a full piece), else the invisible ones are those masked to -inf, and
+// they become 0, so that the NaN reaches no key the row does not see.
+// One vector per step into one running sum: the polynomial's constants
 // stay in registers on every target (16 on AVX2) and nothing spills; the sum's chain is one add per
 // step, shorter than an exponential's throughput. The lanes past tk are left as they are.
 template <bool kScale, class A>
-void exp_tile(A* S, Index n, Index tk, Index lds, const A* mref, const A* w, A* sum) {
+void exp_tile(A* S, Index n, Index tk, Index lds, const A* mref, const A* w, A* sum, bool all_visible) {
   const Tag<A> d;
   using V = hn::Vec<decltype(d)>;
   const Index N = static_cast<Index>(hn::Lanes(d));
   const Index whole = tk / N * N;
   const auto tail = hn::FirstN(d, static_cast<size_t>(tk - whole));
+  constexpr A kInf = std::numeric_limits<A>::infinity();
   for (Index i = 0; i < n; ++i) {
     A* x = S + i * lds;
-    if (mref[i] == -std::numeric_limits<A>::infinity()) {
+    if (mref[i] == -kInf) {
       std::fill_n(x, tk, A(0));
       if (sum) sum[i] = A(0);
+      continue;
+    }
+    if (!(mref[i] < kInf)) {  // NaN or +inf
+      constexpr A kNaN = std::numeric_limits<A>::quiet_NaN();
+      for (Index j = 0; j < tk; ++j) x[j] = all_visible || x[j] != -kInf ? kNaN : A(0);
+      if (sum) sum[i] = kNaN;
       continue;
     }
     const V vm = hn::Set(d, mref[i]);

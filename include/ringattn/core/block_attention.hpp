@@ -11,6 +11,14 @@
 //   m, l, lse, delta [Lq*G]
 //   k, v, dk, dv     [Lk, D]
 // Positions are global and sorted; visibility is decided by the Mask on global positions.
+//
+// Non-finite operands (NaN or +-inf in q, k, v, dout) propagate as in PyTorch's float64 autograd of
+// softmax(scale q k^T) v with each query row's softmax over the keys it sees: an output element (O,
+// LSE, dq, dk, dv) is non-finite exactly when it depends, through a visible (query, key) pair, on a
+// non-finite value (a row with a NaN or +inf score is NaN; 0 times a NaN of a visible pair is NaN; an
+// invisible pair carries nothing). A row that sees no key keeps O = 0, LSE = -inf and no gradient.
+// One difference from torch remains: a row whose visible scores are all -inf although its query is
+// finite (an infinite key, and no other key seen) is taken for a row that sees no key.
 #include <span>
 #include <type_traits>
 #include <vector>
@@ -107,7 +115,7 @@ Work block_forward(const QueryShard<S>& q, const KVBlock<S>& kv, const Mask& mas
 
 // O = a / l in place (acc becomes O) and LSE = m + log l (natural log) into lse [rows]; m and l
 // stay, in the kernel's units, for the backward. A row with no visible key has O = 0, m = LSE = -inf
-// and l = 0.
+// and l = 0; a row with a non-finite score has l = NaN, so O and LSE are NaN.
 template <class A>
 void finalize_forward(const Packing& pk, OnlineState<A> st, A* lse);
 
