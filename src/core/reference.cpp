@@ -38,36 +38,39 @@ DenseResult reference_attention_loops(const Shape& s, const Mask& mask, double s
     for (Index h = 0; h < H; ++h) {
       const Index g = h / G;  // repeat_interleave: query head h reads kv head h / G
       for (Index i = 0; i < S; ++i) {
-        // scores and their max over visible keys
+        // scores and their max over visible keys; a NaN score makes the max NaN
         double mx = ninf;
+        bool sees = false;
         for (Index j = 0; j < S; ++j) {
-          if (!mask.visible(i, j)) {
-            p[j] = ninf;
-            continue;
-          }
+          if (!mask.visible(i, j)) continue;
+          sees = true;
           double dot = 0;
           for (Index d = 0; d < D; ++d) dot += q[qi(b, i, h) + d] * k[kj(b, j, g) + d];
           p[j] = dot * scale;
-          mx = std::max(mx, p[j]);
+          if (std::isnan(p[j]) || p[j] > mx) mx = std::isnan(mx) ? mx : p[j];
         }
-        if (mx == ninf) continue;  // no visible key: O = 0, LSE = -inf, no gradient
+        if (!sees) continue;  // no visible key: O = 0, LSE = -inf, no gradient
+        // a NaN or +inf score (or only -inf ones) makes the row NaN, as torch's softmax does
         double sum = 0;
-        for (Index j = 0; j < S; ++j) sum += (p[j] == ninf) ? 0.0 : std::exp(p[j] - mx);
+        for (Index j = 0; j < S; ++j)
+          if (mask.visible(i, j)) sum += std::exp(p[j] - mx);
         const double lse = mx + std::log(sum);
         r.lse[(b * H + h) * S + i] = lse;
         double* o = &r.o[qi(b, i, h)];
         for (Index j = 0; j < S; ++j) {
-          p[j] = (p[j] == ninf) ? 0.0 : std::exp(p[j] - lse);
+          if (!mask.visible(i, j)) continue;
+          p[j] = std::exp(p[j] - lse);
           for (Index d = 0; d < D; ++d) o[d] += p[j] * v[kj(b, j, g) + d];
         }
         for (Index d = 0; d < D; ++d) r.loss += dout[qi(b, i, h) + d] * o[d];
         if (!backward) continue;
-        // backward of this row: dP_ij = dO_i . V_j, D_i = dO_i . O_i, dS = P (dP - D_i)
+        // backward of this row: dP_ij = dO_i . V_j, D_i = dO_i . O_i, dS = P (dP - D_i), over the
+        // visible keys (those with P = 0 too: 0 times a non-finite dP or K is NaN, as in torch)
         const double* dO = &dout[qi(b, i, h)];
         double Di = 0;
         for (Index d = 0; d < D; ++d) Di += dO[d] * o[d];
         for (Index j = 0; j < S; ++j) {
-          if (p[j] == 0.0) continue;
+          if (!mask.visible(i, j)) continue;
           double dp = 0;
           for (Index d = 0; d < D; ++d) dp += dO[d] * v[kj(b, j, g) + d];
           const double ds = p[j] * (dp - Di);
@@ -95,6 +98,14 @@ DenseResult reference_attention(const Shape& s, const Mask& mask, double scale, 
   const Index B = s.B, S = s.S, H = s.H, HKV = s.HKV, D = s.D, G = s.G();
   const double ninf = -std::numeric_limits<double>::infinity();
   constexpr Index R = 256;
+  // Non-finite inputs: the products below would multiply the zero P of invisible pairs by them
+  // (0 * NaN = NaN) and spread them to rows and keys that never see them; the loops sum over the
+  // visible pairs only.
+  auto nonfinite = [](const std::vector<double>& x) {
+    return std::any_of(x.begin(), x.end(), [](double e) { return !std::isfinite(e); });
+  };
+  if (nonfinite(q) || nonfinite(k) || nonfinite(v) || (backward && nonfinite(dout)))
+    return reference_attention_loops(s, mask, scale, q, k, v, dout, backward);
   DenseResult r = empty_result(s, backward);
   if (S == 0) return r;
   Mat P(std::min(R, S), S), dS(backward ? std::min(R, S) : 0, S);
