@@ -8,7 +8,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <limits>
 #include <random>
+#include <string>
 
 #include "ringattn/core/layout.hpp"
 #include "ringattn/core/reference.hpp"
@@ -541,4 +543,239 @@ TEST(BlockAttention, CountedWorkIsWhatTheKernelsReport) {
     }
     EXPECT_GT(pairs, 0);  // the case computes something
   }
+}
+
+// ---- non-finite inputs ----------------------------------------------------------------------------
+//
+// NaN and Inf in q, k, v or dO give what PyTorch's float64 autograd gives when each query row's
+// softmax runs over the keys that row sees (tests/torch/nonfinite_check.py holds the Python package to
+// torch itself): an output element is non-finite exactly when it depends, through a visible (query,
+// key) pair, on a non-finite input, and the finite elements keep their values. Never zeros for NaN.
+
+namespace {
+
+// The definition, independent of the kernels and of reference.cpp: for each (b, h, i) the visible
+// keys' scores, softmax(s) = exp(s - max s) / sum (NaN when a score is NaN, as torch's), O = P V; the
+// backward as autograd takes it through softmax: dS = P o (dP - sum_j P_j dP_j), dP_j = dO . V_j.
+DenseResult visible_keys_reference(const Global& g, const Mask& mask, double scale) {
+  const Shape& s = g.s;
+  const Index B = s.B, S = s.S, H = s.H, HKV = s.HKV, D = s.D, G = s.G();
+  const double inf = std::numeric_limits<double>::infinity();
+  DenseResult r;
+  r.o.assign(g.q.size(), 0.0);
+  r.dq.assign(g.q.size(), 0.0);
+  r.dk.assign(g.k.size(), 0.0);
+  r.dv.assign(g.k.size(), 0.0);
+  r.lse.assign(B * H * S, -inf);
+  for (Index b = 0; b < B; ++b)
+    for (Index h = 0; h < H; ++h)
+      for (Index i = 0; i < S; ++i) {
+        const double* q = &g.q[((b * S + i) * H + h) * D];
+        const double* dO = &g.dout[((b * S + i) * H + h) * D];
+        auto kv = [&](const std::vector<double>& t, Index j) { return &t[((b * S + j) * HKV + h / G) * D]; };
+        std::vector<Index> keys;
+        for (Index j = 0; j < S; ++j)
+          if (mask.visible(i, j)) keys.push_back(j);
+        if (keys.empty()) continue;
+        std::vector<double> p(keys.size()), dp(keys.size());
+        double mx = -inf;
+        bool nan = false;
+        for (std::size_t n = 0; n < keys.size(); ++n) {
+          double dot = 0;
+          for (Index d = 0; d < D; ++d) dot += q[d] * kv(g.k, keys[n])[d];
+          p[n] = dot * scale;
+          nan |= std::isnan(p[n]);
+          mx = std::max(mx, p[n]);
+        }
+        if (nan) mx = std::nan("");
+        double sum = 0;
+        for (double& x : p) sum += (x = std::exp(x - mx));
+        r.lse[(b * H + h) * S + i] = mx + std::log(sum);
+        double* o = &r.o[((b * S + i) * H + h) * D];
+        for (std::size_t n = 0; n < keys.size(); ++n) {
+          p[n] /= sum;
+          for (Index d = 0; d < D; ++d) o[d] += p[n] * kv(g.v, keys[n])[d];
+        }
+        double pdp = 0;
+        for (std::size_t n = 0; n < keys.size(); ++n) {
+          dp[n] = 0;
+          for (Index d = 0; d < D; ++d) dp[n] += dO[d] * kv(g.v, keys[n])[d];
+          pdp += p[n] * dp[n];
+        }
+        for (std::size_t n = 0; n < keys.size(); ++n) {
+          const Index j = keys[n], kvo = ((b * S + j) * HKV + h / G) * D;
+          const double ds = p[n] * (dp[n] - pdp);
+          for (Index d = 0; d < D; ++d) {
+            r.dq[((b * S + i) * H + h) * D + d] += scale * ds * g.k[kvo + d];
+            r.dk[kvo + d] += scale * ds * q[d];
+            r.dv[kvo + d] += p[n] * dO[d];
+          }
+        }
+      }
+  return r;
+}
+
+// One value put into one input: tensor 'q', 'k', 'v' or 'o' (dO), at [b, position, head, d].
+struct Plant {
+  const char* name;
+  char tensor;
+  Index b, pos, head, d;
+  double value;
+};
+
+// Positions relative to S, so that they fall on different ranks and tiles; +inf in k at a position
+// that is not a document's first (a row that sees only keys with -inf scores is the one difference
+// from torch, see finalize_forward).
+std::vector<Plant> plants(const Shape& s) {
+  const double nan = std::nan(""), inf = std::numeric_limits<double>::infinity();
+  const Index S = s.S;
+  return {
+      {"q NaN", 'q', s.B - 1, S / 2, s.H - 1, s.D - 1, nan},
+      {"k NaN", 'k', 0, S / 3, s.HKV - 1, 0, nan},
+      {"k NaN at 0", 'k', s.B - 1, 0, 0, s.D / 2, nan},
+      {"v NaN", 'v', s.B - 1, S / 4, 0, s.D / 2, nan},
+      {"dout NaN", 'o', 0, S - 3, 0, 1 % s.D, nan},
+      {"q +inf", 'q', 0, 2 * S / 3, 0, 0, inf},
+      {"q -inf", 'q', s.B - 1, 1, s.H - 1, 0, -inf},
+      {"k +inf", 'k', s.B - 1, S / 2 + 1, 0, s.D - 1, inf},
+  };
+}
+
+void plant(Global& g, const Plant& p) {
+  const Shape& s = g.s;
+  std::vector<double>& t = p.tensor == 'q' ? g.q : p.tensor == 'k' ? g.k : p.tensor == 'v' ? g.v : g.dout;
+  const Index heads = (p.tensor == 'k' || p.tensor == 'v') ? s.HKV : s.H;
+  t[((p.b * s.S + p.pos) * heads + p.head) * s.D + p.d] = p.value;
+}
+
+// Non-finite exactly where ref is (NaN and +-inf alike), and the finite elements within tol of
+// max |ref| over them.
+void expect_pattern(const char* name, const std::vector<double>& got, const std::vector<double>& ref, double tol) {
+  ASSERT_EQ(got.size(), ref.size()) << name;
+  Index missed = 0, extra = 0, zeros = 0;
+  double peak = 0, err = 0;
+  for (std::size_t n = 0; n < ref.size(); ++n) {
+    const bool gf = std::isfinite(got[n]), rf = std::isfinite(ref[n]);
+    if (gf && !rf) ++missed, zeros += got[n] == 0;
+    if (!gf && rf) ++extra;
+    if (gf && rf) {
+      peak = std::max(peak, std::abs(ref[n]));
+      err = std::max(err, std::abs(got[n] - ref[n]));
+    }
+  }
+  EXPECT_EQ(missed, 0) << name << ": finite where the reference is not (" << zeros << " of them 0)";
+  EXPECT_EQ(extra, 0) << name << ": non-finite where the reference is finite";
+  EXPECT_LE(err, tol * std::max(peak, 1e-300)) << name;
+}
+
+void expect_result_pattern(const DenseResult& got, const DenseResult& ref, double tol) {
+  expect_pattern("o", got.o, ref.o, tol);
+  expect_pattern("lse", got.lse, ref.lse, tol);
+  expect_pattern("dq", got.dq, ref.dq, tol);
+  expect_pattern("dk", got.dk, ref.dk, tol);
+  expect_pattern("dv", got.dv, ref.dv, tol);
+}
+
+std::vector<Case> nonfinite_cases() {
+  const Index S = 37;
+  return {
+      {"full_striped_gqa_b2", Shape{2, S, 4, 2, 8}, Layout::striped(S, 3), Mask::none(), {4, 5, 2}},
+      {"causal_tiny_tiles_gqa", Shape{2, S, 4, 2, 8}, Layout::contiguous(S, 4), Mask::make(S, true, 0, {}),
+       {5, 3, 2, 10}},
+      {"causal_zigzag_default_tiles", Shape{1, S, 2, 1, 16}, Layout::zigzag(S, 2), Mask::make(S, true, 0, {}), {}},
+      {"causal_one_block", Shape{1, S, 2, 2, 8}, Layout::contiguous(S, 1), Mask::make(S, true, 0, {}), {8, 8, 4}},
+      {"window_documents_zigzag", Shape{2, S, 2, 2, 4}, Layout::zigzag(S, 3), Mask::make(S, true, 6, {5, 20, 12}),
+       {3, 8}},
+      {"d17_documents_full_partitioned", Shape{1, S, 4, 2, 17}, Layout::partitioned({10, 0, 27}),
+       Mask::make(S, false, 0, {11, 26}), {6, 9, 4}},
+  };
+}
+
+// Every planted value through the serial ring on every target, against the definition.
+template <class T>
+void expect_nonfinite_pattern(double tol) {
+  for (const Case& c : nonfinite_cases())
+    for (const Plant& p : plants(c.s)) {
+      SCOPED_TRACE(std::string(c.name) + ", " + p.name);
+      Global g = random_inputs(c.s, 17);
+      for (auto* t : {&g.q, &g.k, &g.v, &g.dout})  // the values the kernels see
+        for (double& x : *t) x = value_cast<double>(value_cast<T>(x));
+      plant(g, p);
+      const double scale = 1.0 / std::sqrt(double(c.s.D));
+      const DenseResult ref = visible_keys_reference(g, c.mask, scale);
+      const DenseResult got = simulate_ring<T>(g, c.layout, c.mask, scale, c.tiling);
+      expect_result_pattern(got, ref, tol);
+    }
+}
+
+}  // namespace
+
+// The planted values make something non-finite and leave something finite in every output (else the
+// pattern would not tell), and the dense references of reference.cpp (--check's) follow the definition.
+TEST(NonFinite, ReferencesFollowTheDefinition) {
+  for (const Case& c : nonfinite_cases())
+    for (const Plant& p : plants(c.s)) {
+      SCOPED_TRACE(std::string(c.name) + ", " + p.name);
+      Global g = random_inputs(c.s, 17);
+      plant(g, p);
+      const double scale = 1.0 / std::sqrt(double(c.s.D));
+      const DenseResult ref = visible_keys_reference(g, c.mask, scale);
+      Index finite = 0, nonfinite = 0;
+      for (const auto* t : {&ref.o, &ref.lse, &ref.dq, &ref.dk, &ref.dv})
+        for (double x : *t) ++(std::isfinite(x) ? finite : nonfinite);
+      EXPECT_GT(nonfinite, 0);
+      // a NaN in the key every row sees leaves nothing finite when there is one batch
+      const bool everything = p.tensor == 'k' && p.pos == 0 && c.s.B == 1 && !c.mask.has_docs() && !c.mask.window();
+      if (!everything) {
+        EXPECT_GT(finite, 0);
+      }
+      expect_result_pattern(reference_attention(c.s, c.mask, scale, g.q, g.k, g.v, g.dout), ref, 1e-12);
+      expect_result_pattern(reference_attention_loops(c.s, c.mask, scale, g.q, g.k, g.v, g.dout), ref, 1e-12);
+    }
+}
+
+TEST(NonFinite, PropagateAsInTorchFloat64) {
+  on_every_target([] { expect_nonfinite_pattern<double>(1e-12); });
+}
+
+TEST(NonFinite, PropagateAsInTorchFloat32) {
+  on_every_target([] { expect_nonfinite_pattern<float>(2e-5); });
+}
+
+TEST(NonFinite, PropagateAsInTorchBf16AndF16Storage) {
+  on_every_target([] {
+    expect_nonfinite_pattern<bf16>(2e-5);
+    expect_nonfinite_pattern<f16>(2e-5);
+  });
+}
+
+// A row whose query is NaN has O = NaN and LSE = NaN, not the O = 0, LSE = -inf of a row that sees
+// no key; a row that sees no key keeps that, whatever the others hold.
+TEST(NonFinite, NanRowIsNotAnEmptyRow) {
+  on_every_target([] {
+    const Shape s{1, 8, 1, 1, 4};
+    const Mask causal = Mask::make(s.S, true, 0, {});
+    Global g = random_inputs(s, 3);
+    g.q[5 * s.D] = std::nan("");
+    const Layout halves = Layout::contiguous(s.S, 2);
+    const DenseResult got = simulate_ring<double>(g, halves, causal, 0.5, Tiling{});
+    for (Index i = 0; i < s.S; ++i) {
+      EXPECT_EQ(std::isnan(got.lse[i]), i == 5) << "row " << i;
+      EXPECT_EQ(std::isnan(got.o[i * s.D]), i == 5) << "row " << i;
+    }
+    // rank 0's rows against rank 1's block alone: no visible key, the empty-row contract
+    auto q0 = shard_packed<double>(g.q, s, s.H, halves, 0);
+    auto k1 = shard_packed<double>(g.k, s, s.HKV, halves, 1), v1 = shard_packed<double>(g.v, s, s.HKV, halves, 1);
+    k1[0] = v1[1] = std::nan("");
+    const Packing pq{1, 1, 1, 4, s.D};
+    std::vector<double> m(4), l(4), acc(4 * s.D), lse(4);
+    OnlineState<double> st{m.data(), l.data(), acc.data()};
+    init_online_state(pq, st);
+    Workspace<double> ws = workspace<double>(Tiling{}, s.D, 4);
+    block_forward(QueryShard<double>{pq, halves.positions(0), q0.data()},
+                  KVBlock<double>{pq, halves.positions(1), k1.data(), v1.data()}, causal, 0.5, st, ws);
+    finalize_forward(pq, st, lse.data());
+    for (Index i = 0; i < 4; ++i) EXPECT_EQ(lse[i], -std::numeric_limits<double>::infinity());
+    for (double x : acc) EXPECT_EQ(x, 0.0);
+  });
 }
