@@ -132,7 +132,9 @@ Command add_plan_command(CLI::App& parent) {
   cmd.cli = plan;
   cmd.needs_mpi = false;
   cmd.run = [opt](comm::Comm*) {
-    const core::CostEstimate e = core::estimate_cost(opt->in);  // validates: InputError -> exit 2
+    const core::CostInputs& in = opt->in;
+    runtime::check_shape(core::Shape{in.B, in.S, in.H, in.HKV, in.D}, runtime::cli_names());  // exit 2
+    const core::CostEstimate e = core::estimate_cost(opt->in);  // validates the rest: InputError -> exit 2
     const std::vector<core::StrategyEstimate> st = core::estimate_strategies(opt->in);
     if (opt->json) {
       fmt::print("{}\n", io::plan_json(opt->in, e, st).dump(2));

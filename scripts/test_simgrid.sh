@@ -3,7 +3,7 @@
 #   - N = 8, 32, 64 simulated ranks on the InfiniBand platform (and 40 on Ethernet, 16 on shared-
 #     memory nodes) with real compute and --check
 #     (causal zigzag, GQA, f64 and f32, uneven shards), each against the dense float64 reference;
-#   - the same under the ulysses and usp strategies (and bf16);
+#   - the same under the ulysses, usp and allgather strategies (and bf16);
 #   - a timing-only job of each strategy, whose counted work and bytes must equal the same job
 #     computed for real;
 #   - the options a timing-only job refuses (exit 2).
@@ -52,11 +52,12 @@ check_run n40-ethernet "$ROOT/scripts/platforms/ethernet.xml" 40 --seq 256 --hea
 check_run n16-smp-docs "$SMP" 16 --seq 333 --heads 2 --head-dim 16 --doc-lens 100,200,33 --causal --dtype f64
 check_run n32-usp "$IB" 32 --seq 512 --heads 8 --kv-heads 2 --head-dim 16 --causal --strategy usp --ulysses-degree 4
 check_run n8-ulysses-bf16 "$IB" 8 --seq 256 --heads 8 --kv-heads 2 --head-dim 32 --causal --strategy ulysses --dtype bf16
+check_run n16-allgather "$IB" 16 --seq 256 --heads 4 --kv-heads 2 --head-dim 16 --causal --strategy allgather --kv-head-group 1
 
 # Timing-only: the same job's counted work and ledger as when computed, no check, marked; for each
 # strategy (ulysses needs N | H: 8 ranks for H = 8).
 args=(--seq 2048 --heads 8 --kv-heads 2 --head-dim 64 --causal)
-for point in "ring 16" "usp 16 --ulysses-degree 4" "ulysses 8"; do
+for point in "ring 16" "usp 16 --ulysses-degree 4" "ulysses 8" "allgather 16 --kv-head-group 1"; do
   # shellcheck disable=SC2086  # the point's words: strategy, N, options
   set -- $point
   strategy="$1" n="$2"

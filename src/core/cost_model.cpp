@@ -12,17 +12,12 @@
 namespace ringattn::core {
 
 void CostInputs::validate() const {
-  auto positive = [](Index v, const char* opt) {
-    if (v < 1) throw InputError(fmt::format("{}: {} is not a positive size (expected >= 1)", opt, v));
-  };
-  positive(S, "--seq");
-  positive(N, "--ranks");
-  positive(H, "--heads");
-  positive(HKV, "--kv-heads");
-  positive(D, "--head-dim");
-  positive(B, "--batch");
-  if (H % HKV != 0)
-    throw InputError(fmt::format("--kv-heads: H={} is not a multiple of HKV={} (expected H % HKV == 0)", H, HKV));
+  // The shape's rules are the plan's (runtime::check_shape, which `ringattn plan` applies first);
+  // here only what the cost model adds.
+  if (B < 1 || S < 1 || H < 1 || HKV < 1 || D < 1 || H % HKV != 0)
+    throw InputError(fmt::format("cost model: shape B={} S={} H={} HKV={} D={} was not checked by the plan", B, S, H,
+                                 HKV, D));
+  if (N < 1) throw InputError(fmt::format("--ranks: {} is not a positive size (expected >= 1)", N));
   auto rate = [](double v, const char* opt, const char* unit) {
     if (!(v > 0) || !std::isfinite(v))
       throw InputError(fmt::format("{}: {} is not a positive number (expected {} > 0)", opt, v, unit));

@@ -8,11 +8,10 @@
 
 namespace ringattn::core {
 
-LayoutKind parse_layout_kind(const std::string& name) {
-  if (name == "contiguous") return LayoutKind::contiguous;
-  if (name == "striped") return LayoutKind::striped;
-  if (name == "zigzag") return LayoutKind::zigzag;
-  throw InputError(fmt::format("--layout: unknown layout '{}' (expected contiguous, striped or zigzag)", name));
+std::optional<LayoutKind> layout_from_name(std::string_view name) {
+  for (LayoutKind k : {LayoutKind::contiguous, LayoutKind::striped, LayoutKind::zigzag})
+    if (name == layout_name(k)) return k;
+  return std::nullopt;
 }
 
 const char* layout_name(LayoutKind k) {
@@ -61,10 +60,11 @@ static std::vector<Index> balanced(Index total, Index parts) {
 Layout Layout::contiguous(Index S, int N) { return partitioned(balanced(S, N)); }
 
 Layout Layout::partitioned(const std::vector<Index>& sizes) {
-  if (sizes.empty()) throw InputError("--partition: needs one size per rank");
+  // Preconditions (the plan checks the options before anything is built).
+  if (sizes.empty()) throw InputError("Layout::partitioned: no sizes (expected one per rank)");
   Index S = 0;
   for (Index n : sizes) {
-    if (n < 0) throw InputError(fmt::format("--partition: size {} is negative (sizes must be >= 0)", n));
+    if (n < 0) throw InputError(fmt::format("Layout::partitioned: size {} is negative (expected sizes >= 0)", n));
     S += n;
   }
   const int N = static_cast<int>(sizes.size());

@@ -9,19 +9,6 @@
 
 namespace ringattn::core {
 
-void Shape::validate() const {
-  auto positive = [](Index v, const char* opt) {
-    if (v < 1) throw InputError(fmt::format("{}: {} is not a positive size (expected >= 1)", opt, v));
-  };
-  positive(B, "--batch");
-  positive(S, "--seq");
-  positive(H, "--heads");
-  positive(HKV, "--kv-heads");
-  positive(D, "--head-dim");
-  if (H % HKV != 0)
-    throw InputError(fmt::format("--kv-heads: H={} is not a multiple of HKV={} (expected H % HKV == 0)", H, HKV));
-}
-
 std::string Shape::str() const { return fmt::format("B={} S={} H={} HKV={} D={}", B, S, H, HKV, D); }
 
 std::string Ledger::str() const {

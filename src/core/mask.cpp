@@ -8,17 +8,18 @@ namespace ringattn::core {
 
 Mask Mask::make(Index S, bool causal, Index window, const std::vector<Index>& doc_lens) {
   Mask m;
-  if (window < 0) throw InputError(fmt::format("--window: {} is negative (expected W >= 1)", window));
+  // Preconditions (the plan checks the options before anything is built).
+  if (window < 0) throw InputError(fmt::format("Mask::make: window {} is negative (expected W >= 1, or 0)", window));
   m.causal_ = causal || window > 0;  // a sliding window is causal by definition
   m.window_ = window;
   if (!doc_lens.empty()) {
     Index total = 0;
     for (Index n : doc_lens) {
-      if (n < 0) throw InputError(fmt::format("--doc-lens: length {} is negative (expected lengths >= 0)", n));
+      if (n < 0) throw InputError(fmt::format("Mask::make: document length {} is negative (expected >= 0)", n));
       total += n;
     }
     if (total != S)
-      throw InputError(fmt::format("--doc-lens: lengths sum to {} but --seq is {}", total, S));
+      throw InputError(fmt::format("Mask::make: document lengths sum to {}, not S = {}", total, S));
     m.doc_of_.reserve(S);
     for (std::size_t d = 0; d < doc_lens.size(); ++d) m.doc_of_.insert(m.doc_of_.end(), doc_lens[d], static_cast<int>(d));
   }

@@ -8,11 +8,11 @@
 
 namespace ringattn::core {
 
+// Preconditions (the plan checks the options before anything is built).
 void validate_rope(double theta, Index D) {
   if (!std::isfinite(theta) || theta <= 0)
-    throw InputError(fmt::format("--rope: THETA {} is not a positive finite base (expected e.g. 10000)", theta));
-  if (D % 2 != 0)
-    throw InputError(fmt::format("--rope: head dim D = {} is odd (rotate-half RoPE pairs i with i + D/2; expected D even)", D));
+    throw InputError(fmt::format("Rope: theta {} is not a positive finite base (expected e.g. 10000)", theta));
+  if (D % 2 != 0) throw InputError(fmt::format("Rope: head dim D = {} is odd (expected D even)", D));
 }
 
 Rope::Rope(double theta, Index D, std::span<const Index> positions)

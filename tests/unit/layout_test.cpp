@@ -100,8 +100,8 @@ TEST(Layout, ZigzagHandlesAnySIncludingSBelow2N) {
 }
 
 TEST(Layout, ParseRejectsUnknownNames) {
-  EXPECT_EQ(parse_layout_kind("zigzag"), LayoutKind::zigzag);
-  EXPECT_THROW(parse_layout_kind("diagonal"), ringattn::InputError);
+  EXPECT_EQ(layout_from_name("zigzag"), LayoutKind::zigzag);
+  EXPECT_EQ(layout_from_name("diagonal"), std::nullopt);
 }
 
 // A Ulysses group owns the union of its members' positions, in increasing order; the ring over the

@@ -6,6 +6,8 @@
 // A rank stores its positions in increasing global order; local index = rank of the position
 // within that order. Everything here is O(S) at most; copies of a Layout share its tables.
 #include <memory>
+#include <optional>
+#include <string_view>
 #include <span>
 #include <string>
 #include <vector>
@@ -15,8 +17,8 @@
 namespace ringattn::core {
 
 enum class LayoutKind { contiguous, striped, zigzag };
-LayoutKind parse_layout_kind(const std::string& name);  // throws InputError
 const char* layout_name(LayoutKind k);
+std::optional<LayoutKind> layout_from_name(std::string_view name);  // the kind whose layout_name is `name`
 
 // A maximal run of consecutive global positions held by one rank.
 struct Run {

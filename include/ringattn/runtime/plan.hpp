@@ -111,6 +111,9 @@ core::LayoutKind resolve_layout(const std::string& name, bool causal, Index wind
 core::Layout make_layout(const std::string& name, Index S, int N, const std::vector<Index>& partition, bool causal,
                          Index window, const OptionNames& names);
 
+// Every size >= 1 and H % HKV == 0; OptionError otherwise.
+void check_shape(const core::Shape& s, const OptionNames& names);
+
 // The storage type `name` names (bf16, f16, f32, f64); OptionError otherwise.
 core::DType parse_dtype(const std::string& name, const OptionNames& names);
 

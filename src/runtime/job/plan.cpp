@@ -37,15 +37,6 @@ std::string join(std::span<const Index> v) {
   throw OptionError(o, names.render(text));
 }
 
-void check_shape(const Shape& s, const OptionNames& n) {
-  const std::pair<Option, Index> sizes[] = {{Option::batch, s.B}, {Option::seq, s.S}, {Option::heads, s.H},
-                                            {Option::kv_heads, s.HKV}, {Option::head_dim, s.D}};
-  for (const auto& [o, v] : sizes)
-    if (v < 1) fail(n, o, fmt::format("@{}: {} is not a positive size (expected >= 1)", kTokens[size_t(o)], v));
-  if (s.H % s.HKV != 0)
-    fail(n, Option::kv_heads, fmt::format("@kv_heads: H={} is not a multiple of HKV={} (expected H % HKV == 0)",
-                                          s.H, s.HKV));
-}
 
 void check_partition(const std::vector<Index>& partition, core::LayoutKind kind, int N, Index S,
                      const OptionNames& n) {
@@ -260,6 +251,16 @@ DType parse_dtype(const std::string& name, const OptionNames& n) {
   fail(n, Option::dtype, fmt::format("@dtype: unknown dtype '{}' (expected bf16, f16, f32 or f64)", name));
 }
 
+void check_shape(const Shape& s, const OptionNames& n) {
+  const std::pair<Option, Index> sizes[] = {{Option::batch, s.B}, {Option::seq, s.S}, {Option::heads, s.H},
+                                            {Option::kv_heads, s.HKV}, {Option::head_dim, s.D}};
+  for (const auto& [o, v] : sizes)
+    if (v < 1) fail(n, o, fmt::format("@{}: {} is not a positive size (expected >= 1)", kTokens[size_t(o)], v));
+  if (s.H % s.HKV != 0)
+    fail(n, Option::kv_heads, fmt::format("@kv_heads: H={} is not a multiple of HKV={} (expected H % HKV == 0)",
+                                          s.H, s.HKV));
+}
+
 StrategyKind parse_strategy(const std::string& name, const OptionNames& n) {
   for (StrategyKind k : {StrategyKind::ring, StrategyKind::ulysses, StrategyKind::usp, StrategyKind::allgather})
     if (name == strategy_name(k)) return k;
@@ -273,8 +274,7 @@ core::LayoutKind resolve_layout(const std::string& name, bool causal, Index wind
                                 const OptionNames& n) {
   if (name == "auto")
     return causal && window == 0 && !partitioned ? core::LayoutKind::zigzag : core::LayoutKind::contiguous;
-  for (core::LayoutKind k : {core::LayoutKind::contiguous, core::LayoutKind::striped, core::LayoutKind::zigzag})
-    if (name == core::layout_name(k)) return k;
+  if (const auto k = core::layout_from_name(name)) return *k;
   fail(n, Option::layout,
        fmt::format("@layout: unknown layout '{}' (expected auto, contiguous, striped or zigzag)", name));
 }

@@ -49,7 +49,6 @@ LabInputs read_inputs(const std::string& dir) {
       throw InputError(fmt::format("{}: shape {} does not match q.npy {} (expected {})", path(names[t]),
                                    shape_str(h[t].shape), shape_str(q), shape_str(want)));
   }
-  in.shape.validate();
   std::vector<double>* dst[] = {&in.q, &in.k, &in.v, &in.dout};
   for (int t = 0; t < 4; ++t) {
     *dst[t] = io::read_npy<double>(path(names[t]), h[t]);  // f4 widens to f64 exactly

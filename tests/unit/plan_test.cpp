@@ -1,0 +1,171 @@
+// The plan layer (runtime/plan.hpp) without MPI: every rule between options, its option id, and
+// its message in each front end's words.
+#include "ringattn/runtime/plan.hpp"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <string>
+
+using namespace ringattn;
+using namespace ringattn::runtime;
+
+namespace {
+
+PlanOptions small() {
+  PlanOptions o;
+  o.shape = core::Shape{1, 16, 4, 2, 8};
+  return o;
+}
+
+// The option id and message a plan of `o` on N ranks is refused with, in `names`' words.
+std::pair<Option, std::string> refusal(const PlanOptions& o, int N, const OptionNames& names = cli_names()) {
+  try {
+    make_attention_plan(o, N, names);
+  } catch (const OptionError& e) {
+    return {e.option, e.what()};
+  }
+  return {Option::count, ""};
+}
+
+void expect_refused(const PlanOptions& o, int N, Option id, const std::string& cli_prefix) {
+  const auto [got, msg] = refusal(o, N);
+  EXPECT_EQ(int(got), int(id)) << msg;
+  EXPECT_EQ(msg.rfind(cli_prefix, 0), 0u) << msg;
+}
+
+}  // namespace
+
+TEST(Plan, DefaultsAreTheCommandLines) {
+  const PlanOptions o = small();
+  EXPECT_EQ(o.layout, "auto");
+  EXPECT_EQ(o.strategy, "ring");
+  EXPECT_EQ(o.dtype, "f32");
+  EXPECT_EQ(o.traffic, "aware");
+  const AttentionPlan p = make_attention_plan(o, 2, cli_names());
+  EXPECT_EQ(p.layout.kind(), core::LayoutKind::contiguous);  // auto, no causal mask
+  EXPECT_DOUBLE_EQ(p.scale, 1 / std::sqrt(8.0));
+  EXPECT_GE(p.timeout_s, 300);  // the default watchdog is on
+  EXPECT_EQ(p.ulysses_degree, 1);
+}
+
+TEST(Plan, AutoLayoutIsZigzagForACausalMaskOnly) {
+  PlanOptions o = small();
+  o.causal = true;
+  EXPECT_EQ(make_attention_plan(o, 2, cli_names()).layout.kind(), core::LayoutKind::zigzag);
+  o.window = 4;
+  EXPECT_EQ(make_attention_plan(o, 2, cli_names()).layout.kind(), core::LayoutKind::contiguous);
+  o.window.reset();
+  o.partition = {6, 10};
+  EXPECT_EQ(make_attention_plan(o, 2, cli_names()).layout.kind(), core::LayoutKind::contiguous);
+  EXPECT_EQ(resolve_layout("auto", true, 0, false, cli_names()), core::LayoutKind::zigzag);
+}
+
+TEST(Plan, EveryRuleNamesItsOption) {
+  PlanOptions o = small();
+  o.shape.S = 0;
+  expect_refused(o, 2, Option::seq, "--seq: 0 is not a positive size");
+  o = small();
+  o.shape.HKV = 3;
+  expect_refused(o, 2, Option::kv_heads, "--kv-heads: H=4 is not a multiple of HKV=3");
+  o = small();
+  o.dtype = "f8";
+  expect_refused(o, 2, Option::dtype, "--dtype: unknown dtype 'f8'");
+  o = small();
+  o.layout = "diagonal";
+  expect_refused(o, 2, Option::layout, "--layout: unknown layout 'diagonal'");
+  o = small();
+  o.layout = "zigzag";
+  o.partition = {8, 8};
+  expect_refused(o, 2, Option::partition, "--partition: only applies to the contiguous layout");
+  o = small();
+  o.partition = {8, 7};
+  expect_refused(o, 2, Option::partition, "--partition: sizes sum to 15 but S is 16");
+  o = small();
+  o.partition = {8, 8, 0};
+  expect_refused(o, 2, Option::partition, "--partition: has 3 sizes for 2 ranks");
+  o = small();
+  o.window = 0;
+  expect_refused(o, 2, Option::window, "--window: 0 is not a window");
+  o = small();
+  o.doc_lens = {4, 4};
+  expect_refused(o, 2, Option::doc_lens, "--doc-lens: lengths sum to 8 but S is 16");
+  o = small();
+  o.scale = 1e300;
+  expect_refused(o, 2, Option::scale, "--scale: 1e+300 overflows f32's float32 arithmetic");
+  o = small();
+  o.rope_theta = 10000;
+  o.dtype = "bf16";
+  expect_refused(o, 2, Option::rope, "--rope: not supported with --dtype bf16");
+  o.dtype = "f16";
+  expect_refused(o, 2, Option::rope, "--rope: not supported with --dtype f16");
+  o = small();
+  o.rope_theta = 10000;
+  o.shape.D = 7;
+  expect_refused(o, 2, Option::rope, "--rope: head dim D = 7 is odd");
+  o = small();
+  o.strategy = "ulysses";
+  o.shape = core::Shape{1, 16, 3, 1, 8};
+  expect_refused(o, 2, Option::strategy, "--strategy ulysses: H=3 query heads do not split over N=2 ranks");
+  o = small();
+  o.strategy = "usp";
+  expect_refused(o, 4, Option::strategy, "--strategy usp: needs --ulysses-degree U");
+  o.ulysses_degree = 3;
+  expect_refused(o, 4, Option::ulysses_degree, "--ulysses-degree: U=3 does not divide N=4 ranks");
+  o = small();
+  o.ulysses_degree = 2;
+  expect_refused(o, 2, Option::ulysses_degree, "--ulysses-degree: only applies with --strategy usp");
+  o = small();
+  o.kv_head_group = 1;
+  expect_refused(o, 2, Option::kv_head_group, "--kv-head-group: only applies with --strategy allgather");
+  o.strategy = "allgather";
+  o.kv_head_group = 3;
+  expect_refused(o, 2, Option::kv_head_group, "--kv-head-group: G=3 does not divide HKV=2");
+  o = small();
+  o.timeout_s = -1;
+  expect_refused(o, 2, Option::timeout, "--timeout: -1 is not a time");
+  o = small();
+  o.tiling.q_rows = 70000;
+  expect_refused(o, 2, Option::tile_q, "--tile-q: 70000 is outside 0..65536");
+  o = small();
+  o.traffic = "some";
+  expect_refused(o, 2, Option::traffic, "--traffic: unknown plan 'some'");
+}
+
+TEST(Plan, MessagesAreInEachFrontEndsWords) {
+  PlanOptions o = small();
+  o.strategy = "usp";
+  EXPECT_EQ(refusal(o, 4, cli_names()).second.rfind("--strategy usp: needs --ulysses-degree U", 0), 0u);
+  EXPECT_EQ(refusal(o, 4, cpp_names()).second.rfind("strategy usp: needs ulysses_degree U", 0), 0u);
+  EXPECT_EQ(refusal(o, 4, python_names()).second.rfind("strategy usp: needs ulysses_degree U", 0), 0u);
+  o = small();
+  o.shape.S = 0;
+  EXPECT_EQ(refusal(o, 2, cpp_names()).second.rfind("shape.S: 0", 0), 0u);
+  EXPECT_EQ(refusal(o, 2, python_names()).second.rfind("seq_len: 0", 0), 0u);
+  o = small();
+  o.rope_theta = 1e4;
+  o.dtype = "bf16";
+  EXPECT_EQ(refusal(o, 2, cpp_names()).second.rfind("rope_theta: not supported with dtype bf16", 0), 0u);
+  // A token that names no option is left as it is.
+  EXPECT_EQ(cli_names().render("@seq and @nothing"), "--seq and @nothing");
+}
+
+TEST(Plan, AllGatherGroupDefaultsByMemory) {
+  PlanOptions o = small();
+  o.strategy = "allgather";
+  o.shape = core::Shape{1, 64, 8, 4, 8};
+  EXPECT_EQ(make_attention_plan(o, 2, cli_names()).kv_head_group, 2);  // the largest G leaving two groups
+  o.shape = core::Shape{1, 64, 8, 1, 8};
+  EXPECT_EQ(make_attention_plan(o, 2, cli_names()).kv_head_group, 1);
+}
+
+TEST(Plan, ShapesThatCannotFitAreRefusedBeforeAnythingIsBuilt) {
+  PlanOptions o = small();
+  o.shape.S = Index(1) << 40;
+  try {
+    make_attention_plan(o, 2, cli_names());
+    ADD_FAILURE() << "admitted";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("needs about"), std::string::npos) << e.what();
+  }
+}
