@@ -10,9 +10,14 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <cctype>
 #include <climits>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <optional>
+#include <sstream>
 #include <random>
 
 #include "ringattn/core/errors.hpp"
@@ -32,8 +37,10 @@ const std::vector<std::string>& own_output_names() {
 
 // ---- what a signal removes ----------------------------------------------------------------------
 // The handler only calls unlink, rmdir and _exit (async-signal-safe) on paths stored beforehand.
-// During a commit it only notes the signal: the commit finishes (it takes milliseconds) and then
-// ends the process, so an interrupted commit never leaves a mix.
+// During a commit (rank 0) it only notes the signal: the commit finishes (it takes milliseconds)
+// and then ends the process. Once a rank has handed the staged files over to rank 0's commit
+// (commit() below), its handler removes nothing: the files may be what an interrupted commit's
+// journal needs, and only rank 0 (or whoever finishes that journal) may remove them.
 namespace cleanup {
 namespace {
 constexpr int kMax = 48;
@@ -42,6 +49,7 @@ volatile sig_atomic_t count = 0;
 char dir[PATH_MAX];
 volatile sig_atomic_t have_dir = 0;
 volatile sig_atomic_t in_commit = 0;
+volatile sig_atomic_t handed_over = 0;
 volatile sig_atomic_t pending = 0;
 
 extern "C" void on_signal(int sig) {
@@ -49,8 +57,10 @@ extern "C" void on_signal(int sig) {
     pending = sig;
     return;
   }
-  for (int i = 0; i < count; ++i) ::unlink(paths[i]);
-  if (have_dir) ::rmdir(dir);
+  if (!handed_over) {
+    for (int i = 0; i < count; ++i) ::unlink(paths[i]);
+    if (have_dir) ::rmdir(dir);
+  }
   ::_exit(128 + sig);
 }
 
@@ -71,6 +81,7 @@ void set_dir(const std::string& d) {
 void clear() {
   have_dir = 0;
   count = 0;
+  handed_over = 0;
 }
 }  // namespace
 }  // namespace cleanup
@@ -179,6 +190,15 @@ bool abandoned(const std::string& name, const std::string& host) {
   return pid > 0 && ::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH;
 }
 
+std::string join_words(const std::vector<std::string>& v) {
+  std::string s;
+  for (const std::string& w : v) {
+    if (!s.empty()) s += ' ';
+    s += w;
+  }
+  return s;
+}
+
 void remove_tree(const std::string& dir) noexcept {
   std::error_code ec;
   fs::remove_all(dir, ec);
@@ -199,36 +219,270 @@ void write_all(int fd, const std::string& text, const std::string& path) {
   }
 }
 
+
+// ---- the commit journal ---------------------------------------------------------------------------
+// DIR/.ringattn-<job>.commit exists exactly while a commit may have left DIR with a mix of two
+// sets. It is published (written beside, then renamed into place) before the commit's first
+// change and removed after its last, all under the lock on DIR; so under that lock any journal
+// belongs to a job that died committing, and finishing it is safe. It is also a POSIX shell
+// script that finishes the commit itself (`sh DIR/.ringattn-<job>.commit`), doing exactly what
+// finish_journal() does. Every step of both is safe to repeat.
+//
+// forward (the new set goes in): if no staged file has been moved in yet, each name in `aside`
+//   (the old outputs) is moved into A = .ringattn-<job>.old; then each name in `place` still in
+//   S = .ringattn-<job>.tmp is moved into DIR; then A, S and the journal are removed.
+// back (the old set comes back; written over the forward journal before a failed commit is
+//   undone): each placed file (gone from S, present in DIR) goes back into S, each name in A goes
+//   back into DIR; then A, S and the journal are removed.
+struct Journal {
+  std::string id;
+  bool forward = true;
+  std::vector<std::string> aside, place;  // file names (o.npy ...)
+};
+
+constexpr const char* kJournalMagic = "# ringattn commit journal v1";
+
+std::string hidden_name(const std::string& id, const char* suffix) { return ".ringattn-" + id + suffix; }
+
+bool there(const std::string& path) {
+  struct stat st {};
+  return ::lstat(path.c_str(), &st) == 0;
+}
+
+bool valid_id(const std::string& id) {
+  return !id.empty() && std::all_of(id.begin(), id.end(), [](char c) {
+    return std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_';
+  });
+}
+
+bool own_file_name(const std::string& f) {
+  const auto& names = own_output_names();
+  return std::any_of(names.begin(), names.end(), [&](const std::string& n) { return f == n + ".npy"; });
+}
+
+std::string journal_text(const Journal& j) {
+  const std::string aside = join_words(j.aside), place = join_words(j.place);
+  std::string t = fmt::format(
+      "#!/bin/sh\n"
+      "{}\n"
+      "# job {}\n"
+      "# mode {}\n"
+      "# aside {}\n"
+      "# place {}\n"
+      "#\n"
+      "# A ringattn job was putting its outputs into this directory when it ended, so the directory may\n"
+      "# hold a mix of two sets until this file is gone. `sh <this file>` finishes that commit ({}),\n"
+      "# as does the next ringattn job with this --out. Either is safe to repeat. See\n"
+      "# docs/robustness-commit.md.\n"
+      "cd \"$(dirname \"$0\")\" || exit 1\n"
+      "J={} A={} S={}\n"
+      "ASIDE='{}' PLACE='{}'\n"
+      "there() {{ [ -e \"$1\" ] || [ -L \"$1\" ]; }}\n"
+      "move() {{ if [ -d \"$2\" ]; then echo \"ringattn: $2 is a directory\" >&2; exit 1; fi; mv -f \"$1\" \"$2\" || exit 1; }}\n",
+      kJournalMagic, j.id, j.forward ? "forward" : "back", aside, place,
+      j.forward ? "the new set replaces the old one" : "the old set is put back", hidden_name(j.id, ".commit"),
+      hidden_name(j.id, ".old"), hidden_name(j.id, ".tmp"), aside, place);
+  if (j.forward)
+    t += "none_placed=1\n"
+         "for f in $PLACE; do there \"$S/$f\" || none_placed=0; done\n"
+         "if [ $none_placed = 1 ]; then\n"
+         "  [ -d \"$A\" ] || mkdir \"$A\" || exit 1\n"
+         "  for f in $ASIDE; do if there \"$f\"; then move \"$f\" \"$A/$f\"; fi; done\n"
+         "fi\n"
+         "for f in $PLACE; do if there \"$S/$f\"; then move \"$S/$f\" \"$f\"; fi; done\n";
+  else
+    t += "for f in $PLACE; do if ! there \"$S/$f\" && there \"$f\"; then move \"$f\" \"$S/$f\"; fi; done\n"
+         "for f in $ASIDE; do if there \"$A/$f\"; then move \"$A/$f\" \"$f\"; fi; done\n";
+  t += "rm -rf \"$A\" \"$S\" && rm -f \"$J\" && echo \"ringattn: finished the commit of job " + j.id + " in $(pwd)\"\n";
+  return t;
+}
+
+// The journal at `path`, or nothing when it is not one this code wrote.
+std::optional<Journal> read_journal(const std::string& path) {
+  std::ifstream in(path);
+  std::string line;
+  if (!in || !std::getline(in, line) || !std::getline(in, line) || line != kJournalMagic) return std::nullopt;
+  Journal j;
+  bool have_mode = false;
+  while (std::getline(in, line) && line.starts_with("# ") && line != "#") {
+    std::istringstream words(line.substr(2));
+    std::string key, w;
+    words >> key;
+    if (key == "job") words >> j.id;
+    else if (key == "mode") {
+      words >> w;
+      if (w != "forward" && w != "back") return std::nullopt;
+      j.forward = w == "forward";
+      have_mode = true;
+    } else if (key == "aside" || key == "place") {
+      auto& v = key == "aside" ? j.aside : j.place;
+      while (words >> w) {
+        if (!own_file_name(w)) return std::nullopt;
+        v.push_back(w);
+      }
+    }
+  }
+  if (!valid_id(j.id) || !have_mode) return std::nullopt;
+  return j;
+}
+
+// Writes the journal beside its place and renames it there (atomic; durable before anything moves).
+void publish_journal(const std::string& dir, const Journal& j) {
+  const std::string path = path_in(dir, hidden_name(j.id, ".commit"));
+  const std::string temp = path_in(dir, hidden_name(j.id, ".commit-new"));
+  const int fd = ::open(temp.c_str(), O_CREAT | O_TRUNC | O_WRONLY | O_CLOEXEC, 0644);
+  if (fd < 0) throw RuntimeFailure(fmt::format("cannot create {}: {}", temp, errno_text()));
+  try {
+    write_all(fd, journal_text(j), temp);
+    if (::fsync(fd) != 0) throw RuntimeFailure(fmt::format("cannot flush {}: {}", temp, errno_text()));
+  } catch (...) {
+    ::close(fd);
+    ::unlink(temp.c_str());
+    throw;
+  }
+  ::close(fd);
+  if (::rename(temp.c_str(), path.c_str()) != 0) {
+    const std::string e = errno_text();
+    ::unlink(temp.c_str());
+    throw RuntimeFailure(fmt::format("cannot move {} to {}: {}", temp, path, e));
+  }
+  const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dfd >= 0) {
+    ::fsync(dfd);
+    ::close(dfd);
+  }
+}
+
+// A file moved within DIR; never onto a directory.
+void move_file(const std::string& from, const std::string& to) {
+  struct stat st {};
+  if (::stat(to.c_str(), &st) == 0 && S_ISDIR(st.st_mode))
+    throw RuntimeFailure(fmt::format("cannot move {} to {}: a directory stands there", from, to));
+  rename_or_throw(from, to);
+}
+
+// Carries out a published journal to its end (see above). `step` is called after each change.
+template <class Step>
+void finish_journal(const std::string& dir, const Journal& j, Step&& step) {
+  const std::string A = path_in(dir, hidden_name(j.id, ".old")), S = path_in(dir, hidden_name(j.id, ".tmp"));
+  if (j.forward) {
+    const bool none_placed =
+        std::all_of(j.place.begin(), j.place.end(), [&](const std::string& f) { return there(path_in(S, f)); });
+    if (none_placed) {
+      if (::mkdir(A.c_str(), 0700) != 0 && errno != EEXIST)
+        throw RuntimeFailure(fmt::format("cannot create {}: {}", A, errno_text()));
+      step();
+      for (const std::string& f : j.aside)
+        if (there(path_in(dir, f))) {
+          move_file(path_in(dir, f), path_in(A, f));
+          step();
+        }
+    }
+    for (const std::string& f : j.place)
+      if (there(path_in(S, f))) {
+        move_file(path_in(S, f), path_in(dir, f));
+        step();
+      }
+  } else {
+    for (const std::string& f : j.place)
+      if (!there(path_in(S, f)) && there(path_in(dir, f))) {
+        move_file(path_in(dir, f), path_in(S, f));
+        step();
+      }
+    for (const std::string& f : j.aside)
+      if (there(path_in(A, f))) {
+        move_file(path_in(A, f), path_in(dir, f));
+        step();
+      }
+  }
+  remove_tree(A);
+  step();
+  remove_tree(S);
+  step();
+  const std::string journal = path_in(dir, hidden_name(j.id, ".commit"));
+  if (::unlink(journal.c_str()) != 0 && errno != ENOENT)
+    throw RuntimeFailure(fmt::format("cannot remove {}: {}", journal, errno_text()));
+  step();
+}
+
 }  // namespace
 
 struct StagedOutputs::Impl {
   const comm::Group& group;
   OutputPaths p;
   std::string id, stage_dir;
+  std::string dir;                  // --out resolved once (symlinks followed) when the job starts
   std::vector<std::string> staged;  // final names (with .npy) of the staged files
   TextTarget report, trace;
   bool have_report = false, have_trace = false, staged_any = false, created_out = false;
+  int kill_at_step = 0, steps = 0;  // RINGATTN_DEBUG_KILL_AT_COMMIT_STEP (tests)
 
   Impl(const comm::Group& g, OutputPaths paths) : group(g), p(std::move(paths)) {}
 
-  std::string final_path(const std::string& file) const { return path_in(p.out_dir, file); }
+  std::string final_path(const std::string& file) const { return path_in(dir, file); }
   std::string stage_path(const std::string& file) const { return path_in(stage_dir, file); }
 
+  // Hidden test hook: rank 0 kills itself with SIGKILL right after the k-th change its commit
+  // makes to --out (RINGATTN_DEBUG_KILL_AT_COMMIT_STEP=k, k >= 1).
+  void step() {
+    if (kill_at_step > 0 && ++steps == kill_at_step) ::raise(SIGKILL);
+  }
+
+  // --out: every name at most NAME_MAX, the whole at most PATH_MAX with the job's own hidden names
+  // under it, an existing writable directory or a new name in one. Resolved here, once, so a
+  // symlink swapped later does not split the job's files between two directories.
+  void validate_out() {
+    // A path too long to use is shown by its ends, so that the error stays one readable line.
+    const std::string& o = p.out_dir;
+    const std::string out = o.size() <= 160 ? fmt::format("--out {}", o)
+                                            : fmt::format("--out {}...{}", o.substr(0, 100), o.substr(o.size() - 40));
+    std::string given = p.out_dir;
+    while (given.size() > 1 && given.back() == '/') given.pop_back();
+    for (const auto& part : fs::path(given))
+      if (part.string().size() > NAME_MAX)
+        throw InputError(fmt::format("{}: the name {:.40}... is {} characters long (expected at most {})", out,
+                                     part.string(), part.string().size(), NAME_MAX));
+    if (given.size() >= PATH_MAX)
+      throw InputError(fmt::format("{}: the path is {} characters long (expected at most {})", out, given.size(),
+                                   PATH_MAX - 1));
+    struct stat st {};
+    if (::stat(given.c_str(), &st) == 0) {
+      if (!S_ISDIR(st.st_mode)) throw InputError(fmt::format("{}: is not a directory (expected a writable directory)", out));
+      probe_writable(given, out);
+      char buf[PATH_MAX];
+      if (!::realpath(given.c_str(), buf))
+        throw InputError(fmt::format("{}: cannot be resolved: {} (expected a writable directory)", out, errno_text()));
+      dir = buf;
+    } else if (errno == ENOENT || errno == ENOTDIR) {
+      if (::lstat(given.c_str(), &st) == 0)
+        throw InputError(fmt::format("{}: is a symlink to nothing (expected a directory or a new name)", out));
+      const std::size_t slash = given.rfind('/');
+      const std::string parent = slash == std::string::npos ? "." : slash == 0 ? "/" : given.substr(0, slash);
+      const std::string name = slash == std::string::npos ? given : given.substr(slash + 1);
+      struct stat ps {};
+      if (::stat(parent.c_str(), &ps) != 0 || !S_ISDIR(ps.st_mode))
+        throw InputError(fmt::format("{}: its parent {} is not a directory (expected an existing parent)", out, parent));
+      if (name == "." || name == "..")
+        throw InputError(fmt::format("{}: names no directory (expected a directory name)", out));
+      probe_writable(parent, out);
+      char buf[PATH_MAX];
+      if (!::realpath(parent.c_str(), buf))
+        throw InputError(fmt::format("{}: its parent {} cannot be resolved: {}", out, parent, errno_text()));
+      dir = path_in(buf, name);
+    } else {
+      throw InputError(fmt::format("{}: {} (expected a writable directory)", out, errno_text()));
+    }
+    // The longest path the job makes: DIR/.ringattn-<job>.commit-new, DIR/.ringattn-<job>.tmp/dout.npy ...
+    const std::size_t longest = dir.size() + 1 + hidden_name(id, ".commit-new").size() + 1 + 16;
+    if (longest >= PATH_MAX)
+      throw InputError(fmt::format("{}: the path is {} characters long once resolved (expected at most {})", out,
+                                   dir.size(), PATH_MAX - 1 - (longest - dir.size())));
+  }
+
   void validate() {
-    const std::string out = "--out " + p.out_dir;
     if (!p.out_dir.empty()) {
-      std::error_code ec;
-      if (fs::exists(p.out_dir, ec)) {
-        if (!fs::is_directory(p.out_dir, ec))
-          throw InputError(fmt::format("{}: is not a directory (expected a writable directory)", out));
-        probe_writable(p.out_dir, out);
-      } else {
-        const fs::path parent = fs::path(p.out_dir).parent_path();
-        const std::string dir = parent.empty() ? "." : parent.string();
-        if (!fs::is_directory(dir, ec))
-          throw InputError(fmt::format("{}: its parent {} is not a directory (expected an existing parent)", out, dir));
-        probe_writable(dir, out);
-      }
+      validate_out();
+      recover_at_start();
     }
     if (!p.report.empty()) {
       report = resolve_text_target(p.report, "--report");
@@ -258,25 +512,68 @@ struct StagedOutputs::Impl {
     return std::any_of(p.inputs.begin(), p.inputs.end(), [&](const std::string& in) { return same_file(in, path); });
   }
 
-  // Rank 0, under the lock: entries of jobs that died here. A dead job's staging directory goes;
-  // its set-aside old outputs go back where nothing has replaced them.
-  void sweep_abandoned() const {
+  // Rank 0, under the lock on DIR: what jobs that died left. A commit journal is finished (only
+  // its job could hold the lock meanwhile, so the job is gone); a dead job's staging directory
+  // goes, and so do the half-written files of an interrupted write.
+  void sweep_abandoned() {
     std::error_code ec;
     const std::string host = host_name();
-    for (const auto& e : fs::directory_iterator(p.out_dir, ec)) {
+    std::vector<std::string> journals;
+    for (const auto& e : fs::directory_iterator(dir, ec)) {
+      const std::string name = e.path().filename().string();
+      if (name.starts_with(".ringattn-") && name.ends_with(".commit")) journals.push_back(e.path().string());
+    }
+    std::sort(journals.begin(), journals.end());
+    for (const std::string& path : journals) {
+      const std::optional<Journal> j = read_journal(path);
+      if (!j || path_in(dir, hidden_name(j->id, ".commit")) != path)
+        throw RuntimeFailure(fmt::format("--out {}: {} is not a journal this ringattn can finish; see "
+                                         "docs/robustness-commit.md", p.out_dir, path));
+      try {
+        finish_journal(dir, *j, [] {});
+      } catch (const RuntimeFailure& e) {
+        throw RuntimeFailure(fmt::format("--out {}: cannot finish the interrupted commit of job {}: {}; see "
+                                         "docs/robustness-commit.md", p.out_dir, j->id, e.what()));
+      }
+    }
+    for (const auto& e : fs::directory_iterator(dir, ec)) {
       const std::string name = e.path().filename().string();
       if (name.size() > 13 && name[0] == '.' && name.ends_with(".npy.partial")) fs::remove(e.path(), ec);
-      if (!abandoned(name, host)) continue;
+      if (!name.starts_with(".ringattn-")) continue;
+      // Under the lock, a set-aside directory or a journal being written is never a live job's.
+      const bool dead = name.ends_with(".old") || name.ends_with(".commit-new") || abandoned(name, host);
+      if (!dead) continue;
+      // A set-aside directory without a journal is empty, unless an older ringattn left it: then
+      // its files go back where nothing has replaced them, as that version did.
       if (name.ends_with(".old"))
         for (const auto& f : fs::directory_iterator(e.path(), ec))
-          if (!fs::exists(final_path(f.path().filename().string()), ec))
+          if (!there(final_path(f.path().filename().string())))
             ::rename(f.path().c_str(), final_path(f.path().filename().string()).c_str());
       remove_tree(e.path().string());
     }
   }
 
+  // Rank 0, when the job starts: finishes what a job that died while committing into --out left
+  // (if no other job is committing there right now; that one does it).
+  void recover_at_start() {
+    const int lock = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (lock < 0) return;  // a new directory: nothing to recover
+    struct Unlock {
+      int fd;
+      ~Unlock() { ::close(fd); }
+    } unlock{lock};
+    if (::flock(lock, LOCK_EX | LOCK_NB) != 0) return;
+    try {
+      sweep_abandoned();
+    } catch (const RuntimeFailure& e) {
+      throw InputError(e.what());
+    }
+  }
+
+  // Under the lock: the old outputs go aside and the staged ones in, following a journal
+  // published first (see finish_journal); a failure undoes it, so the old set stays.
   void commit_outputs() {
-    const int lock = ::open(p.out_dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    const int lock = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (lock < 0 || ::flock(lock, LOCK_EX) != 0)
       throw RuntimeFailure(fmt::format("--out {}: cannot lock the directory: {}", p.out_dir, errno_text()));
     struct Unlock {
@@ -284,9 +581,12 @@ struct StagedOutputs::Impl {
       ~Unlock() { ::close(fd); }
     } unlock{lock};
     sweep_abandoned();
+    if (const char* k = std::getenv("RINGATTN_DEBUG_KILL_AT_COMMIT_STEP")) kill_at_step = std::atoi(k);
+    steps = 0;
     // What goes aside: everything this run writes, and ringattn's names it does not (stale),
     // except the files it reads.
-    std::vector<std::string> aside;
+    Journal j;
+    j.id = id;
     for (const std::string& name : own_output_names()) {
       const std::string file = name + ".npy", final = final_path(file);
       struct stat st {};
@@ -296,32 +596,29 @@ struct StagedOutputs::Impl {
       if (!S_ISREG(st.st_mode) && !S_ISLNK(st.st_mode))
         throw RuntimeFailure(fmt::format("--out {}: {} is not a file (expected a file or nothing there); nothing "
                                          "was changed", p.out_dir, file));
-      aside.push_back(file);
+      j.aside.push_back(file);
     }
-    const std::string old = final_path(".ringattn-" + id + ".old");
-    if (::mkdir(old.c_str(), 0700) != 0)
-      throw RuntimeFailure(fmt::format("--out {}: cannot create {}: {}", p.out_dir, old, errno_text()));
-    std::vector<std::string> moved, placed;
-    auto restore = [&] {
-      for (const std::string& f : placed) ::unlink(final_path(f).c_str());
-      for (const std::string& f : moved) ::rename(path_in(old, f).c_str(), final_path(f).c_str());
-      remove_tree(old);
-    };
+    for (const std::string& f : staged)
+      if (!there(stage_path(f)))
+        throw RuntimeFailure(fmt::format("--out {}: the staged {} is gone; nothing was changed", p.out_dir, f));
+    j.place = staged;
+    publish_journal(dir, j);
+    staged_any = false;  // from here on the staged files belong to the journal, not to discard()
+    step();
     try {
-      for (const std::string& f : aside) {
-        rename_or_throw(final_path(f), path_in(old, f));
-        moved.push_back(f);
-      }
-      for (const std::string& f : staged) {
-        rename_or_throw(stage_path(f), final_path(f));
-        placed.push_back(f);
-      }
+      finish_journal(dir, j, [this] { step(); });
     } catch (const RuntimeFailure& e) {
-      restore();
+      try {
+        j.forward = false;
+        publish_journal(dir, j);
+        finish_journal(dir, j, [] {});
+      } catch (const RuntimeFailure& e2) {
+        throw RuntimeFailure(fmt::format("--out {}: {}; undoing it failed too: {}; `sh {}` or the next job on "
+                                         "--out finishes it", p.out_dir, e.what(), e2.what(),
+                                         final_path(hidden_name(id, ".commit"))));
+      }
       throw RuntimeFailure(fmt::format("--out {}: {}; the earlier outputs were kept", p.out_dir, e.what()));
     }
-    remove_tree(old);
-    remove_tree(stage_dir);
     cleanup::clear();
   }
 
@@ -369,15 +666,16 @@ StagedOutputs::StagedOutputs(const comm::Group& group, OutputPaths paths)
   std::string err;
   if (group.rank() == 0) {
     try {
-      impl_->validate();
       impl_->id = job_id();
+      impl_->validate();
     } catch (const InputError& e) {
       err = e.what();
     }
   }
   if (auto e = group.agree(err)) throw InputError(*e);
   group.broadcast(impl_->id, 0);
-  if (!impl_->p.out_dir.empty()) impl_->stage_dir = path_in(impl_->p.out_dir, ".ringattn-" + impl_->id + ".tmp");
+  group.broadcast(impl_->dir, 0);  // every rank writes where rank 0 resolved --out
+  if (!impl_->p.out_dir.empty()) impl_->stage_dir = path_in(impl_->dir, hidden_name(impl_->id, ".tmp"));
 }
 
 StagedOutputs::~StagedOutputs() { discard(); }
@@ -392,9 +690,8 @@ void StagedOutputs::stage(const std::vector<OutputTensor>& files, const core::La
   cleanup::set_dir(m.stage_dir);  // whichever rank a signal reaches removes the staging directory
   agreed([&] {
     if (r != 0) return;
-    std::error_code ec;
-    if (!fs::exists(m.p.out_dir, ec)) {
-      if (::mkdir(m.p.out_dir.c_str(), 0777) != 0 && errno != EEXIST)
+    if (!there(m.dir)) {
+      if (::mkdir(m.dir.c_str(), 0777) != 0 && errno != EEXIST)
         throw RuntimeFailure(fmt::format("--out {}: cannot create it: {}", m.p.out_dir, errno_text()));
       m.created_out = true;
     }
@@ -437,6 +734,15 @@ void StagedOutputs::set_report(std::string text) {
 
 void StagedOutputs::commit() {
   Impl& m = *impl_;
+  if (m.staged_any) {  // the same on every rank
+    // The handover: from here on only rank 0 (or whoever finishes its journal) removes staged
+    // files. A peer's signal handler (Open MPI sends SIGTERM when rank 0 dies) must not take
+    // away what an interrupted commit still needs. Rank 0 starts only once every rank has.
+#ifndef RINGATTN_SMPI
+    if (m.group.rank() != 0) cleanup::handed_over = 1;
+#endif
+    if (auto e = m.group.agree(std::string())) throw AgreedFailure(*e);
+  }
   std::string err;
   if (m.group.rank() == 0) {
     cleanup::in_commit = 1;
@@ -469,7 +775,7 @@ void StagedOutputs::discard() noexcept {
     if (t->set && !t->temp.empty()) ::unlink(t->temp.c_str());
   if (m.created_out) {
     std::error_code ec;
-    fs::remove(m.p.out_dir, ec);  // only if still empty
+    fs::remove(m.dir, ec);  // only if still empty
   }
   m.staged_any = false;
   m.report.set = m.trace.set = false;
