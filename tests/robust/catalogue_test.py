@@ -277,6 +277,8 @@ CASES = [
     Case("report_is_an_input", INPUTS + ["--report", "{in}/q.npy"], ["--report", "q.npy"], inputs_with(lambda inp: None)),
     Case("report_is_the_trace", SMALL + ["--report", "{d}/x.json", "--trace", "{d}/x.json"], ["--report", "--trace"]),
     Case("out_missing_parent", SMALL + ["--out", "{d}/nope/out"], ["--out", "parent"], out=False),
+    Case("out_name_too_long", SMALL + ["--out", "{d}/" + "o" * 300], ["--out", "300 characters"], out=False),
+    Case("out_path_too_long", SMALL + ["--out", "{d}/" + "/".join(["d" * 200] * 22)], ["--out", "characters"], out=False),
     Case("trace_with_layer", ["--layer", "--model-dim", 8, "--seq", 16, "--trace", "{d}/t.jsonl"], ["--trace"]),
     # memory counted before anything is allocated: the layer's weights too
     Case("layer_weights_beyond_memory", ["--layer", "--model-dim", 10**7, "--seq", 64], ["--model-dim"]),
