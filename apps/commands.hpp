@@ -26,5 +26,6 @@ Command add_run_command(CLI::App& parent);
 Command add_lab_command(CLI::App& parent);
 Command add_plan_command(CLI::App& parent);
 Command add_probe_command(CLI::App& parent);
+Command add_decode_command(CLI::App& parent);
 
 }  // namespace ringattn::app

@@ -43,7 +43,8 @@ int main(int argc, char** argv) {
   CLI::App cli{"ringattn: exact ring attention over MPI ranks"};
   cli.require_subcommand(1);
   std::vector<app::Command> commands = {app::add_run_command(cli), app::add_plan_command(cli),
-                                        app::add_probe_command(cli), app::add_lab_command(cli)};
+                                        app::add_probe_command(cli), app::add_lab_command(cli),
+                                        app::add_decode_command(cli)};
 
   // Every rank parses its argv. A usage error ends the job with exit 2 on every rank: without MPI
   // when this rank is alone; under a launcher the ranks agree first, so a rank whose options are

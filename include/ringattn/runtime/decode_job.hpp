@@ -1,0 +1,48 @@
+#pragma once
+// `ringattn decode`: prefill a generated prompt of S0 positions into a KV cache sharded over the
+// ranks, then K decode steps of T tokens each; optionally checked against dense float64 causal
+// attention over all S0 + K T positions (decode rows are its last rows).
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "ringattn/comm/comm.hpp"
+#include "ringattn/io/json.hpp"
+#include "ringattn/runtime/kv_cache.hpp"
+
+namespace ringattn::runtime {
+
+struct DecodeConfig {
+  Index cache_len = 1024, new_tokens = 1, steps = 8;  // S0, T, K
+  std::optional<Index> batch, heads, kv_heads, head_dim;
+  std::string dtype = "f32", layout = "auto";
+  std::optional<Index> window;
+  std::optional<double> scale;
+  std::optional<double> timeout_s;
+  std::uint64_t seed = 0;
+  bool check = false;
+  std::string out, report;
+};
+
+struct DecodeResult {
+  core::Shape shape;  // S: all S0 + K T positions
+  std::string dtype, layout, mask;
+  int ranks = 1;
+  double prefill_s = 0, decode_step_s = 0;  // slowest rank; the median step
+  double stream_bytes_per_s = 0;            // this core's streaming read bandwidth, measured here
+  std::vector<Index> cache_positions, kv_bytes_per_step;  // per rank, at the last step
+  std::vector<double> step_s, merge_s;                    // per rank, median over the steps
+  bool identical_on_every_rank = true;      // every decode O bit for bit the same on every rank
+  bool checked = false, passed = true;
+  double tolerance = 0, err_o_prefill = 0, err_lse_prefill = 0, err_o_decode = 0, err_lse_decode = 0;
+  int exit_code = 0;
+  io::Json report;
+};
+
+// Collective. Throws InputError (the same on every rank) for bad options.
+DecodeResult run_decode(comm::Comm& comm, const DecodeConfig& c);
+
+// Bytes per second one core reads streaming through a buffer far larger than its caches.
+double stream_read_bandwidth();
+
+}  // namespace ringattn::runtime

@@ -1,0 +1,251 @@
+#include "ringattn/runtime/kv_cache.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include "ringattn/core/packed.hpp"
+#include "ringattn/core/storage.hpp"
+#include "ringattn/runtime/agreement.hpp"
+#include "ringattn/runtime/ring_attention.hpp"
+
+namespace ringattn::runtime {
+
+namespace {
+
+// Where an unused slot of the decoded block lies: after every query, so no mask shows it.
+constexpr Index kFuture = std::numeric_limits<Index>::max() / 4;
+
+// A 64-bit digest of bytes (FNV-1a), to check that every rank was given the same new tokens.
+std::uint64_t digest(const void* p, std::size_t n, std::uint64_t h = 1469598103934665603ull) {
+  const auto* b = static_cast<const unsigned char*>(p);
+  for (std::size_t i = 0; i < n; ++i) h = (h ^ b[i]) * 1099511628211ull;
+  return h;
+}
+
+}  // namespace
+
+template <class S>
+KVCacheShard<S>::KVCacheShard(const comm::Comm& comm, const KVCacheOptions& o, const OptionNames& names)
+    : comm_(comm), o_(o), names_(names) {
+  // The options' rules are the plan's: a plan of a one-position causal prompt checks them all.
+  PlanOptions p;
+  p.shape = core::Shape{o.batch, 1, o.heads, o.kv_heads, o.head_dim};
+  p.dtype = o.dtype;
+  p.causal = true;
+  p.window = o.window;
+  p.scale = o.scale;
+  p.timeout_s = o.timeout_s;
+  p.tiling = o.tiling;
+  p.backward = false;
+  const AttentionPlan plan = make_attention_plan(p, comm.size(), names);
+  if (plan.dtype != core::dtype_of<S>())
+    throw InputError(fmt::format("KVCache: built for {} storage, not {}", core::dtype_name(core::dtype_of<S>()),
+                                 core::dtype_name(plan.dtype)));
+  if (o.capacity && *o.capacity < 1)
+    throw InputError(fmt::format("capacity: {} is not a number of positions (expected >= 1)", *o.capacity));
+  s_ = plan.shape;
+  scale_ = plan.scale;
+  mask_ = core::Mask::make(1, true, o.window.value_or(0), {});
+}
+
+template <class S>
+std::vector<Index> KVCacheShard<S>::prompt_positions(Index prompt_len) const {
+  const core::Layout l = make_layout(o_.layout, prompt_len, comm_.size(), {}, true, o_.window.value_or(0), names_);
+  const auto p = l.positions(comm_.rank());
+  return {p.begin(), p.end()};
+}
+
+template <class S>
+core::KVBlock<S> KVCacheShard<S>::prompt_block() const {
+  const core::Packing pk{s_.B, s_.HKV, 1, L0_, s_.D};
+  return core::KVBlock<S>{pk, pos0_, kv0_.data(), kv0_.data() + pk.kv_elems()};
+}
+
+template <class S>
+core::KVBlock<S> KVCacheShard<S>::decoded_block() const {
+  const core::Packing pk{s_.B, s_.HKV, 1, cap_, s_.D};
+  return core::KVBlock<S>{pk, dec_pos_, kv_dec_.data(), kv_dec_.data() + pk.kv_elems()};
+}
+
+template <class S>
+Index KVCacheShard<S>::resident_bytes() const {
+  return Index(kv0_.size() + kv_dec_.size()) * Index(sizeof(S)) + Index(pos0_.size() + dec_pos_.size()) * 8;
+}
+
+template <class S>
+void KVCacheShard<S>::prefill(Index prompt_len, const S* q, const S* k, const S* v, A* o, A* lse) {
+  AttentionPlan plan;
+  PlanOptions p;
+  agreed(comm_, [&] {
+    if (prefilled_) throw InputError("prefill: the cache already holds a prompt (prefill once, then decode)");
+    if (o_.capacity && prompt_len > *o_.capacity)
+      throw InputError(fmt::format("prefill: a prompt of {} positions is over the capacity of {}", prompt_len,
+                                   *o_.capacity));
+    p.shape = core::Shape{s_.B, prompt_len, s_.H, s_.HKV, s_.D};
+    p.dtype = o_.dtype;
+    p.causal = true;
+    p.window = o_.window;
+    p.layout = o_.layout;
+    p.scale = o_.scale;
+    p.timeout_s = o_.timeout_s;
+    p.tiling = o_.tiling;
+    p.backward = false;
+    plan = make_attention_plan(p, comm_.size(), names_);
+  });
+  agree_on_plan(comm_, plan_fields(plan, p, names_));
+  prompt_len_ = prompt_len;
+  const auto pos = plan.layout.positions(comm_.rank());
+  pos0_.assign(pos.begin(), pos.end());
+  L0_ = Index(pos0_.size());
+  {
+    RingAttention<S> ring(comm_, strategy_setup(plan));
+    ring.load(q, k, v);
+    ring.forward();
+    ring.outputs(o, lse, nullptr, nullptr, nullptr);
+  }
+  const core::Packing pk{s_.B, s_.HKV, 1, L0_, s_.D};
+  kv0_.resize(2 * pk.kv_elems());
+  core::pack_heads(pk, k, kv0_.data());
+  core::pack_heads(pk, v, kv0_.data() + pk.kv_elems());
+  // Decoded positions: round-robin from the prompt's end, so rank r holds about 1/N of them.
+  if (o_.capacity) {
+    const Index left = *o_.capacity - prompt_len, N = comm_.size(), r = comm_.rank();
+    cap_ = std::max<Index>(0, (left - r + N - 1) / N);
+  } else {
+    cap_ = 64;
+  }
+  dec_pos_.assign(cap_, kFuture);
+  kv_dec_.assign(2 * core::Packing{s_.B, s_.HKV, 1, cap_, s_.D}.kv_elems(), S{});
+  const core::Tiling t = core::resolve_tiling(o_.tiling, s_.D, std::max<Index>({L0_, cap_, 1}), s_.G());
+  ws_ = std::make_unique<core::Workspace<A>>(t, s_.D);
+  prefilled_ = true;
+}
+
+template <class S>
+DecodeStats KVCacheShard<S>::decode(Index T, const S* q, const S* k, const S* v, A* o, A* lse) {
+  DecodeStats st;
+  const double t_step = comm::wtime();
+  const int N = comm_.size(), r = comm_.rank();
+  const Index qn = s_.B * T * s_.H * s_.D, kn = s_.B * T * s_.HKV * s_.D;
+  agreed(comm_, [&] {
+    if (!prefilled_) throw InputError("decode: called before prefill()");
+    if (T < 1) throw InputError(fmt::format("decode: T = {} new tokens (expected T >= 1)", T));
+    if (o_.capacity && length() + T > *o_.capacity)
+      throw InputError(fmt::format("decode: {} + {} positions are over the cache's capacity of {}", length(), T,
+                                   *o_.capacity));
+  });
+  // Every rank must hold the same new tokens: one min/max of a digest of q, k and v.
+  {
+    std::uint64_t h = digest(q, sizeof(S) * qn);
+    h = digest(k, sizeof(S) * kn, h);
+    h = digest(v, sizeof(S) * kn, h);
+    std::int64_t mm[2] = {std::int64_t(h >> 1), -std::int64_t(h >> 1)};
+    comm_.allreduce_max(std::span<std::int64_t>(mm, 2));
+    agreed(comm_, [&] {
+      if (mm[0] != -mm[1])
+        throw InputError(fmt::format("decode: the ranks were given different q, k or v for positions {}..{} (expected "
+                                     "the same new tokens on every rank)", length(), length() + T - 1));
+    });
+  }
+  // The new tokens' K/V go to the ranks that own their positions.
+  const Index first = length();
+  for (Index t = 0; t < T; ++t) {
+    const Index p = first + t;
+    if ((p - prompt_len_) % N != r) continue;
+    if (dec_pos_used_ == std::size_t(cap_)) {  // grow (only without a capacity): twice the slots
+      const Index cap2 = std::max<Index>(2 * cap_, 64);
+      const core::Packing a{s_.B, s_.HKV, 1, cap_, s_.D}, b{s_.B, s_.HKV, 1, cap2, s_.D};
+      core::AlignedVector<S> grown(2 * b.kv_elems(), S{});
+      for (int half = 0; half < 2; ++half)
+        for (Index bh = 0; bh < s_.B * s_.HKV; ++bh)
+          std::copy_n(kv_dec_.data() + half * a.kv_elems() + bh * cap_ * s_.D, cap_ * s_.D,
+                      grown.data() + half * b.kv_elems() + bh * cap2 * s_.D);
+      kv_dec_ = std::move(grown);
+      dec_pos_.resize(cap2, kFuture);
+      cap_ = cap2;
+      const core::Tiling tl = core::resolve_tiling(o_.tiling, s_.D, std::max<Index>({L0_, cap_, 1}), s_.G());
+      ws_ = std::make_unique<core::Workspace<A>>(tl, s_.D);
+    }
+    const Index slot = Index(dec_pos_used_++);
+    dec_pos_[slot] = p;
+    const core::Packing pk{s_.B, s_.HKV, 1, cap_, s_.D};
+    for (Index b = 0; b < s_.B; ++b)
+      for (Index g = 0; g < s_.HKV; ++g) {
+        const Index src = ((b * T + t) * s_.HKV + g) * s_.D, dst = pk.kv_group(b, g) + slot * s_.D;
+        std::copy_n(k + src, s_.D, kv_dec_.data() + dst);
+        std::copy_n(v + src, s_.D, kv_dec_.data() + pk.kv_elems() + dst);
+      }
+  }
+  decoded_ += T;
+
+  // This rank's partial state of the T queries over its shard.
+  const core::Packing pq{s_.B, s_.HKV, s_.G(), T, s_.D};
+  core::AlignedVector<S> qp(pq.q_elems());
+  core::pack_heads(pq, q, qp.data());
+  std::vector<Index> qpos(T);
+  for (Index t = 0; t < T; ++t) qpos[t] = first + t;
+  const Index rows = pq.row_elems(), D = s_.D;
+  std::vector<A> state(rows * (D + 2));  // m | l | a
+  core::OnlineState<A> os{state.data(), state.data() + rows, state.data() + 2 * rows};
+  core::init_online_state(pq, os);
+  const core::QueryShard<S> qs{pq, qpos, qp.data()};
+  const double t_attend = comm::wtime();
+  const A scale = static_cast<A>(scale_);
+  if (L0_ > 0) core::block_forward(qs, prompt_block(), mask_, scale, os, *ws_);
+  if (dec_pos_used_ > 0) core::block_forward(qs, decoded_block(), mask_, scale, os, *ws_);
+  st.attend_s = comm::wtime() - t_attend;
+  st.kv_bytes = (L0_ + Index(dec_pos_used_)) * 2 * s_.B * s_.HKV * s_.D * Index(sizeof(S));
+
+  // One all-gather of the partial states, merged in rank order on every rank.
+  const double t_merge = comm::wtime();
+  const auto all = comm_.all_gatherv(std::span<const A>(state));
+  std::vector<A> merged(rows * (D + 2));
+  core::OnlineState<A> ms{merged.data(), merged.data() + rows, merged.data() + 2 * rows};
+  for (Index i = 0; i < rows; ++i) {
+    A m = -std::numeric_limits<A>::infinity();
+    for (int q2 = 0; q2 < N; ++q2) m = std::max(m, all[q2][i]);
+    A l = 0;
+    A* a = ms.acc + i * D;
+    std::fill_n(a, D, A(0));
+    bool nan = false;  // a non-finite input on any rank: the row is NaN, as the dense softmax makes it
+    for (int q2 = 0; q2 < N; ++q2) nan = nan || std::isnan(all[q2][i]) || std::isnan(all[q2][rows + i]);
+    if (nan) {
+      m = l = std::numeric_limits<A>::quiet_NaN();
+      std::fill_n(a, D, m);
+    } else if (m != -std::numeric_limits<A>::infinity()) {
+      for (int q2 = 0; q2 < N; ++q2) {
+        const A mr = all[q2][i];
+        if (mr == -std::numeric_limits<A>::infinity()) continue;  // nothing visible on that rank
+        const A c = std::exp2(mr - m);
+        l += c * all[q2][rows + i];
+        const A* ar = all[q2].data() + 2 * rows + i * D;
+        for (Index d = 0; d < D; ++d) a[d] += c * ar[d];
+      }
+    }
+    ms.m[i] = m;
+    ms.l[i] = l;
+  }
+  std::vector<A> lse_p(rows);
+  core::finalize_forward(pq, ms, lse_p.data());
+  st.merge_s = comm::wtime() - t_merge;
+  if (o) core::unpack_heads(pq, ms.acc, o);
+  if (lse)  // row stats [B, HKV, T, G] -> [B, H, T]
+    for (Index b = 0; b < s_.B; ++b)
+      for (Index g = 0; g < s_.HKV; ++g)
+        for (Index t = 0; t < T; ++t)
+          for (Index j = 0; j < s_.G(); ++j)
+            lse[(b * s_.H + g * s_.G() + j) * T + t] = lse_p[pq.row_group(b, g) + t * s_.G() + j];
+  st.step_s = comm::wtime() - t_step;
+  return st;
+}
+
+template class KVCacheShard<float>;
+template class KVCacheShard<double>;
+template class KVCacheShard<core::bf16>;
+template class KVCacheShard<core::f16>;
+
+}  // namespace ringattn::runtime
