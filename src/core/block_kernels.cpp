@@ -17,12 +17,13 @@
 // Non-finite operands (NaN, +-inf in Q, K, V, dO) give what PyTorch's float64 autograd gives when each
 // query row's softmax runs over the keys that row sees: an output is non-finite exactly when it
 // depends, through a visible pair, on a non-finite value. Full pieces get that from IEEE arithmetic
-// as they are (every pair in them is visible) once a NaN or +inf row max stays NaN (pass 2, and the
-// softmax of such a row is NaN: exp_tile). A partial piece also multiplies the zeros of its invisible
-// pairs, and 0 * NaN would carry a NaN to a row or key that never sees it: when a head group's
-// operands (or its forward state) hold a non-finite value, found by one vector scan per group and
-// block, its partial pieces sum over their visible pairs only (visible_accumulate, visible_backward),
-// in scalar code that finite inputs never run.
+// as they are (every pair in them is visible) once a NaN or +inf row max stays NaN (pass 2) and the
+// softmax of such a row is NaN (exp_tile's kNonFinite form, called only when a row max is NaN or
+// +inf). A partial piece also multiplies the zeros of its invisible pairs, and 0 * NaN would carry a
+// NaN to a row or key that never sees it: when a head group's operands (or its forward state) hold
+// a non-finite value, found by one vector scan per group and block, its partial pieces sum over
+// their visible pairs only (visible_accumulate, visible_backward), in scalar code that finite
+// inputs never run.
 //
 // Every product element is one FMA chain in a fixed order (over d for S and dP, over the shared
 // dimension for the others, then one FMA into the output), so results do not depend on how rows are
@@ -193,7 +194,10 @@ Work forward_impl(const QueryShard<S>& q, const KVBlock<S>& kv, const Mask& mask
                 // while nothing is visible yet
                 c[i] = m_new[i] == -std::numeric_limits<A>::infinity() ? A(0) : m[i] - m_new[i];
               }
-              exp_tile<false, A>(Sc, n, tk, lds, m_new, nullptr, ws.rowsum.data(), cls != TileClass::partial);
+              if (any_nonfinite_max(m_new, n))
+                exp_tile<false, A, true>(Sc, n, tk, lds, m_new, nullptr, ws.rowsum.data(), cls != TileClass::partial);
+              else
+                exp_tile<false, A>(Sc, n, tk, lds, m_new, nullptr, ws.rowsum.data());
               std::copy_n(m_new, n, m);
               pow_rows(c, n);
               for (Index i = 0; i < n; ++i) l[i] = c[i] * l[i] + ws.rowsum[i];
@@ -258,7 +262,10 @@ Work backward_impl(const GradQueryShard<S>& gq, const KVBlock<S>& kv, const Mask
               if (cls == TileClass::partial) walk::apply_mask(P, ld, mask, q.pos, G, kv.pos, p);
               A* inv = ws.rowc.data();
               for (Index i = 0; i < n; ++i) inv[i] = l[i] == A(0) ? A(0) : A(1) / l[i];  // l = 0: m = -inf, no key
-              exp_tile<true, A>(P, n, tk, ld, m, inv, nullptr, cls != TileClass::partial);
+              if (any_nonfinite_max(m, n))
+                exp_tile<true, A, true>(P, n, tk, ld, m, inv, nullptr, cls != TileClass::partial);
+              else
+                exp_tile<true, A>(P, n, tk, ld, m, inv, nullptr);
               if (nonfinite && cls == TileClass::partial) {  // passes 2-4 over the visible pairs only
                 visible_backward(P, dS, n, tk, ld, dOc + i0 * ldd, Qc + i0 * ldd, K + k0 * ldd, ws.vt.data() + k0, ldd,
                                  D, l, gq.delta + ro + p.r0, scale, gq.dq + qo + p.r0 * D, dk + ko + p.c0 * D,
@@ -368,7 +375,7 @@ simd::PieceTimes piece_times_impl(Index D, int reps) {
     scores<Epilogue::max, A>(ws.qs.data(), n, D, D, ws.kt.data(), ws.ld, tk, ws.s.data(), ws.ld, nullptr, nullptr, A(0),
                              ws.rowmax.data(), ws.vmax.data());
     const auto t1 = clock::now();
-    exp_tile<false, A>(ws.s.data(), n, tk, ws.ld, ws.rowmax.data(), nullptr, ws.rowsum.data(), true);
+    exp_tile<false, A>(ws.s.data(), n, tk, ws.ld, ws.rowmax.data(), nullptr, ws.rowsum.data());
     const auto t2 = clock::now();
     accumulate<false, A>(ws.s.data(), n, ws.ld, tk, ws.vw.data(), ws.ldd, D, c.data(), o.data(), D);
     const auto t3 = clock::now();

@@ -136,15 +136,15 @@ bool any_nonfinite(const T* x, Index n) {
 
 // Row i of the n x tk tile S (row stride lds) becomes 2^(S - mref[i]), times w[i] when kScale;
 // sum[i] = the row's sum (before w) when sum is not null. A row with mref[i] = -inf sees no key:
-// it becomes 0 and its sum 0. A row with mref[i] NaN or +inf has a NaN or +inf score (a non-finite
-// operand): its softmax is NaN, so its visible entries become NaN and its sum NaN; every entry is
-// visible when all_visible (a full piece), else the invisible ones are those masked to -inf, and
-// they become 0, so that the NaN reaches no key the row does not see.
-// One vector per step into one running sum: the polynomial's constants
+// it becomes 0 and its sum 0. With kNonFinite (the caller found such a row), a row with mref[i] NaN
+// or +inf has a NaN or +inf score (a non-finite operand): its softmax is NaN, so its visible entries
+// become NaN and its sum NaN; every entry is visible when all_visible (a full piece), else the
+// invisible ones are those masked to -inf, and they become 0, so that the NaN reaches no key the
+// row does not see. One vector per step into one running sum: the polynomial's constants
 // stay in registers on every target (16 on AVX2) and nothing spills; the sum's chain is one add per
 // step, shorter than an exponential's throughput. The lanes past tk are left as they are.
-template <bool kScale, class A>
-void exp_tile(A* S, Index n, Index tk, Index lds, const A* mref, const A* w, A* sum, bool all_visible) {
+template <bool kScale, class A, bool kNonFinite = false>
+void exp_tile(A* S, Index n, Index tk, Index lds, const A* mref, const A* w, A* sum, bool all_visible = true) {
   const Tag<A> d;
   using V = hn::Vec<decltype(d)>;
   const Index N = static_cast<Index>(hn::Lanes(d));
@@ -158,7 +158,7 @@ void exp_tile(A* S, Index n, Index tk, Index lds, const A* mref, const A* w, A* 
       if (sum) sum[i] = A(0);
       continue;
     }
-    if (!(mref[i] < kInf)) {  // NaN or +inf
+    if (kNonFinite && !(mref[i] < kInf)) {  // NaN or +inf
       constexpr A kNaN = std::numeric_limits<A>::quiet_NaN();
       for (Index j = 0; j < tk; ++j) x[j] = all_visible || x[j] != -kInf ? kNaN : A(0);
       if (sum) sum[i] = kNaN;
@@ -179,6 +179,14 @@ void exp_tile(A* S, Index n, Index tk, Index lds, const A* mref, const A* w, A* 
     }
     if (sum) sum[i] = hn::GetLane(hn::SumOfLanes(d, acc));
   }
+}
+
+// Whether any of the n row maxima is NaN or +inf (exp_tile's kNonFinite rows).
+template <class A>
+bool any_nonfinite_max(const A* mref, Index n) {
+  bool any = false;
+  for (Index i = 0; i < n; ++i) any |= !(mref[i] < std::numeric_limits<A>::infinity());
+  return any;
 }
 
 // x[i] = 2^x[i] for i < n.
