@@ -404,12 +404,15 @@ def bench_memory(a, rows):
 def bench_dtype(a, rows):
     ensure_built(("ringattn_app", BIN))
     got = {}  # (transport, dtype) -> [report, ...]
+    ratio = {}  # transport -> [bf16 / f32 of one round, ...]: each ratio inside its round
     with tempfile.TemporaryDirectory() as d:
         for r in range(a.rounds):
             for dt in ("bf16", "f32"):  # alternating, so drift of the machine hits both alike
                 log(f"round {r + 1}/{a.rounds}: shared memory, {dt}")
                 rep = mpirun(2, ["run", *a.shm_shape, "--dtype", dt, "--iters", "3"], f"{d}/r.json")
                 got.setdefault(("shm", dt), []).append(rep)
+                if dt == "f32":
+                    ratio.setdefault("shm", []).append(total(got[("shm", "bf16")][-1]) / total(rep))
                 log(f"round {r + 1}/{a.rounds}: TCP between two network namespaces, {dt}")
                 env = mpi_env(RINGATTN_NETNS_SHAPE=" ".join(a.tcp_shape), RINGATTN_NETNS_NO_CHECK="1",
                               RINGATTN_NETNS_REPORT=f"{d}/t.json")
@@ -418,6 +421,9 @@ def bench_dtype(a, rows):
                 if p.returncode == 0 and os.path.exists(f"{d}/t.json"):
                     got.setdefault(("tcp", dt), []).append(json.load(open(f"{d}/t.json")))
                     os.remove(f"{d}/t.json")
+                    tcp = got[("tcp", dt)]
+                    if dt == "f32" and len(got.get(("tcp", "bf16"), [])) == len(tcp):  # this round's bf16 ran
+                        ratio.setdefault("tcp", []).append(total(got[("tcp", "bf16")][-1]) / total(tcp[-1]))
                 else:
                     log(f"  TCP run skipped or failed: {(p.stdout + p.stderr).strip().splitlines()[-1:]}")
     shapes = {"shm": a.shm_shape, "tcp": a.tcp_shape}
@@ -437,8 +443,8 @@ def bench_dtype(a, rows):
             wait = [max(100 * y["time"]["wait_s"] / max(y["time"]["forward_s"] + y["time"]["backward_s"], 1e-12)
                         for y in x["ranks"]) for x in reps]
             rows.add(c, "max_wait", med(wait), "%", simd)
-            if dt == "bf16" and f32:
-                rows.add(c, "time_over_f32", t / med(total(x) for x in f32), "x", simd)
+            if dt == "bf16" and f32 and ratio.get(transport):
+                rows.add(c, "time_over_f32", med(ratio[transport]), "x", simd)
 
 
 # ---- main -------------------------------------------------------------------------------------------
