@@ -19,6 +19,33 @@ namespace ringattn {
 
 namespace {
 
+// Runs `fn` on every rank; an exception on any rank becomes the same error on every rank (the
+// lowest failing rank's): InputError for bad input, AgreedFailure for anything else (out of
+// memory, a system error), so one rank's failure never leaves its peers waiting in the next
+// collective. The same collectives as runtime::agreed (Group::agree), so refuse() can join them.
+// The first character of the agreed text carries the kind.
+constexpr char kInputKind = 'I', kFailureKind = 'F';
+
+[[noreturn]] void throw_agreed(const std::string& e) {
+  if (e[0] == kInputKind) throw InputError(e.substr(1));
+  throw AgreedFailure(e.substr(1));
+}
+
+template <class Fn>
+void agreed_setup(const comm::Group& group, const std::string& what, Fn&& fn) {
+  std::string err;
+  try {
+    fn();
+  } catch (const InputError& e) {
+    err = kInputKind + std::string(e.what());
+  } catch (const std::bad_alloc&) {
+    err = kFailureKind + fmt::format("rank {}: out of memory while {} (std::bad_alloc)", group.rank(), what);
+  } catch (const std::exception& e) {
+    err = kFailureKind + fmt::format("rank {}: {} while {}", group.rank(), e.what(), what);
+  }
+  if (auto e = group.agree(err)) throw_agreed(*e);
+}
+
 template <class T>
 void check_size(const char* name, std::span<T> x, Index want, const std::string& what) {
   if (static_cast<Index>(x.size()) != want)
@@ -58,13 +85,18 @@ struct Attention::Impl {
   template <class S>
   void load(std::span<const S> q, std::span<const S> k, std::span<const S> v) {
     const core::Shape& s = opt.shape;
-    runtime::agreed(comm, [&] {
+    agreed_setup(comm, "loading the shard", [&] {
       if (!std::holds_alternative<Engine<S>>(engine))
         throw InputError(fmt::format("load: {} data given to a plan of dtype {}", core::dtype_name(core::dtype_of<S>()),
                                      core::dtype_name(plan.dtype)));
       check_size("q", q, s.B * L() * s.H * s.D, rank_shape(s.H));
       check_size("k", k, s.B * L() * s.HKV * s.D, rank_shape(s.HKV));
       check_size("v", v, s.B * L() * s.HKV * s.D, rank_shape(s.HKV));
+      Engine<S>& e = std::get<Engine<S>>(engine);
+      if (e.rope) {  // allocated here, where running out of memory is agreed
+        e.q_rot.resize(q.size());
+        e.k_rot.resize(k.size());
+      }
     });
     Engine<S>& e = std::get<Engine<S>>(engine);
     const S* qp = q.data();
@@ -85,7 +117,7 @@ struct Attention::Impl {
   template <class S>
   void backward(std::span<const S> dout) {
     const core::Shape& s = opt.shape;
-    runtime::agreed(comm, [&] {
+    agreed_setup(comm, "loading dout", [&] {
       if (!forward_done) throw InputError("backward: called before forward()");
       if (!std::holds_alternative<Engine<S>>(engine))
         throw InputError(fmt::format("backward: {} dout given to a plan of dtype {}",
@@ -136,56 +168,80 @@ struct Attention::Impl {
 Attention::Attention(comm::Comm comm, const AttentionOptions& options)
     : Attention(std::move(comm), options, runtime::cpp_names()) {}
 
-Attention::Attention(comm::Comm comm, const AttentionOptions& options, const runtime::OptionNames& names)
+Attention::Attention(comm::Comm comm, const AttentionOptions& options, const runtime::OptionNames& names,
+                     core::FunctionRef<void(const Attention&)> check)
     : impl_(std::make_unique<Impl>(std::move(comm))) {
   Impl& m = *impl_;
   m.opt = options;
   m.names = &names;
-  runtime::agreed(m.comm, [&] { m.plan = runtime::make_attention_plan(m.opt, m.comm.size(), names); });
+  agreed_setup(m.comm, "checking the options",
+               [&] { m.plan = runtime::make_attention_plan(m.opt, m.comm.size(), names); });
   runtime::agree_on_plan(m.comm, runtime::plan_fields(m.plan, m.opt, names));
   m.comm.set_timeout(m.plan.timeout_s);
+  // The front end's checks against the plan come before anything of the shard's size (an agreement
+  // on every rank, with or without a check, so the ranks' collectives match).
+  agreed_setup(m.comm, "checking the inputs against the plan", [&] {
+    if (check) check(*this);
+  });
   auto build = [&](auto& e) {
     using S = typename std::decay_t<decltype(e)>::Storage;
     e.strategy = runtime::make_strategy<S>(m.comm, runtime::strategy_setup(m.plan));
     if (m.plan.rope_theta) e.rope.emplace(*m.plan.rope_theta, m.plan.shape.D, m.plan.layout.positions(m.comm.rank()));
   };
-  core::with_storage(m.plan.dtype, [&]<class S>() { m.engine.emplace<Engine<S>>(); });
-  // A strategy that refuses the setup (a shape it cannot split) says so on every rank.
-  runtime::agreed(m.comm, [&] { std::visit(build, m.engine); });
+  // A strategy that refuses the setup (a shape it cannot split), or a rank without the memory for
+  // its buffers, says so on every rank.
+  agreed_setup(m.comm, fmt::format("allocating the {} strategy's buffers for {} ({})",
+                                   runtime::strategy_name(m.plan.strategy), m.plan.shape.str(),
+                                   core::dtype_name(m.plan.dtype)), [&] {
+    core::with_storage(m.plan.dtype, [&]<class S>() { m.engine.emplace<Engine<S>>(); });
+    std::visit(build, m.engine);
+  });
 }
 
 Attention::~Attention() = default;
 Attention::Attention(Attention&&) noexcept = default;
 Attention& Attention::operator=(Attention&&) noexcept = default;
 
-int Attention::rank() const { return impl_->comm.rank(); }
-int Attention::ranks() const { return impl_->comm.size(); }
-const comm::Comm& Attention::comm() const { return impl_->comm; }
-const core::Shape& Attention::shape() const { return impl_->opt.shape; }
-core::DType Attention::dtype() const { return impl_->plan.dtype; }
-double Attention::scale() const { return impl_->plan.scale; }
-const core::Layout& Attention::layout() const { return impl_->plan.layout; }
-const core::Mask& Attention::mask() const { return impl_->plan.mask; }
-Index Attention::local_size() const { return impl_->L(); }
-std::span<const Index> Attention::positions() const { return impl_->plan.layout.positions(impl_->comm.rank()); }
-bool Attention::has_backward() const { return impl_->backward_done; }
+Attention::Impl& Attention::self() const {
+  if (!impl_) throw InputError("ringattn::Attention: used after it was moved from (it holds no plan; use the object "
+                               "it was moved to)");
+  return *impl_;
+}
+
+int Attention::rank() const { return self().comm.rank(); }
+int Attention::ranks() const { return self().comm.size(); }
+const comm::Comm& Attention::comm() const { return self().comm; }
+const core::Shape& Attention::shape() const { return self().opt.shape; }
+core::DType Attention::dtype() const { return self().plan.dtype; }
+double Attention::scale() const { return self().plan.scale; }
+const core::Layout& Attention::layout() const { return self().plan.layout; }
+const core::Mask& Attention::mask() const { return self().plan.mask; }
+Index Attention::local_size() const { return self().L(); }
+std::span<const Index> Attention::positions() const { return self().plan.layout.positions(self().comm.rank()); }
+bool Attention::has_backward() const { return self().backward_done; }
+
+void Attention::refuse(const std::string& why) {
+  const Impl& m = self();
+  if (auto e = m.comm.agree(kFailureKind + why)) throw_agreed(*e);
+  throw AgreedFailure(why);  // not reached: this rank's error is at least one
+}
 
 void Attention::load(std::span<const float> q, std::span<const float> k, std::span<const float> v) {
-  impl_->load(q, k, v);
+  self().load(q, k, v);
 }
 void Attention::load(std::span<const double> q, std::span<const double> k, std::span<const double> v) {
-  impl_->load(q, k, v);
+  self().load(q, k, v);
 }
 void Attention::load(std::span<const core::bf16> q, std::span<const core::bf16> k, std::span<const core::bf16> v) {
-  impl_->load(q, k, v);
+  self().load(q, k, v);
 }
 void Attention::load(std::span<const core::f16> q, std::span<const core::f16> k, std::span<const core::f16> v) {
-  impl_->load(q, k, v);
+  self().load(q, k, v);
 }
 
 void Attention::forward() {
-  Impl& m = *impl_;
-  runtime::agreed(m.comm, [&] {
+  Impl& m = self();
+  agreed_setup(m.comm, "starting the forward", [&] {
     if (!m.loaded) throw InputError("forward: called before load()");
   });
   m.fwd = std::visit([](auto& e) { return e.strategy->forward(); }, m.engine);
@@ -194,16 +250,16 @@ void Attention::forward() {
   m.bwd = {};
 }
 
-void Attention::backward(std::span<const float> dout) { impl_->backward(dout); }
-void Attention::backward(std::span<const double> dout) { impl_->backward(dout); }
-void Attention::backward(std::span<const core::bf16> dout) { impl_->backward(dout); }
-void Attention::backward(std::span<const core::f16> dout) { impl_->backward(dout); }
+void Attention::backward(std::span<const float> dout) { self().backward(dout); }
+void Attention::backward(std::span<const double> dout) { self().backward(dout); }
+void Attention::backward(std::span<const core::bf16> dout) { self().backward(dout); }
+void Attention::backward(std::span<const core::f16> dout) { self().backward(dout); }
 
-void Attention::outputs(const Outputs<float>& out) const { impl_->outputs(out); }
-void Attention::outputs(const Outputs<double>& out) const { impl_->outputs(out); }
+void Attention::outputs(const Outputs<float>& out) const { self().outputs(out); }
+void Attention::outputs(const Outputs<double>& out) const { self().outputs(out); }
 
 AttentionReport Attention::report() const {
-  const Impl& m = *impl_;
+  const Impl& m = self();
   auto pass = [](const runtime::PassStats& p) { return PassReport{p.total_s, p.compute_s, p.wait_s, p.work.flops}; };
   AttentionReport r;
   r.forward = pass(m.fwd);

@@ -21,8 +21,11 @@
 //
 // Errors: a bad option or a shard of the wrong size throws InputError with a one-line message, on
 // every rank of the communicator at once (the ranks agree on errors before they exchange data), so
-// one rank's mistake never leaves its peers waiting. Failures while the ranks talk throw
-// RuntimeFailure; a watchdog (timeout_s) ends the whole job instead of hanging.
+// one rank's mistake never leaves its peers waiting. Any other failure of one rank before the ranks
+// exchange data (out of memory while building the plan, say) throws AgreedFailure on every rank.
+// Failures while the ranks talk throw RuntimeFailure; a watchdog (timeout_s; empty: the command
+// line's default) ends the whole job instead of hanging. A moved-from Attention throws InputError
+// when used.
 #include <memory>
 #include <optional>
 #include <span>
@@ -32,6 +35,7 @@
 #include "ringattn/comm/comm.hpp"
 #include "ringattn/core/block_attention.hpp"
 #include "ringattn/core/errors.hpp"
+#include "ringattn/core/function_ref.hpp"
 #include "ringattn/core/layout.hpp"
 #include "ringattn/core/ledger.hpp"
 #include "ringattn/core/mask.hpp"
@@ -79,7 +83,11 @@ class Attention {
   // same ones; builds the layout, the mask and the strategy. Throws InputError on every rank.
   Attention(comm::Comm comm, const AttentionOptions& options);
   // The same, with errors naming the options in another front end's words (the Python binding's).
-  Attention(comm::Comm comm, const AttentionOptions& options, const runtime::OptionNames& names);
+  // `check` runs on every rank once the plan is built and before the strategy allocates its
+  // buffers: a front end's own check of its inputs against the plan (its shard's length, say). Its
+  // InputError is agreed like the plan's own.
+  Attention(comm::Comm comm, const AttentionOptions& options, const runtime::OptionNames& names,
+            core::FunctionRef<void(const Attention&)> check = {});
   ~Attention();
   Attention(Attention&&) noexcept;
   Attention& operator=(Attention&&) noexcept;
@@ -110,6 +118,12 @@ class Attention {
   void backward(std::span<const core::f16> dout);
   bool has_backward() const;
 
+  // Instead of this rank's next load(), forward() or backward(), when it cannot make that call (its
+  // own input failed to convert, say): joins the agreement the call begins with, so the call throws
+  // AgreedFailure(why) on every other rank, and this one throws it too, instead of leaving the
+  // others waiting.
+  [[noreturn]] void refuse(const std::string& why);
+
   // This rank's outputs; dq, dk, dv after backward(); with RoPE they are the gradients of q and k
   // as loaded. Local: a span of the wrong size or type throws InputError on this rank only.
   void outputs(const Outputs<float>& out) const;
@@ -120,6 +134,7 @@ class Attention {
   struct Impl;
 
  private:
+  Impl& self() const;  // the state; InputError when moved from
   std::unique_ptr<Impl> impl_;
 };
 

@@ -137,3 +137,19 @@ TEST(LibraryApi, MisuseThrowsTheSameMessageOnEveryRank) {
 
 }  // namespace
 }  // namespace ringattn
+
+namespace ringattn {
+namespace {
+
+TEST(LibraryApi, AMovedFromAttentionThrowsInsteadOfCrashing) {
+  Attention from(comm::Comm::world(), small("contiguous"));
+  Attention to = std::move(from);
+  const std::string msg = caught([&] { from.forward(); });
+  EXPECT_NE(msg.find("used after it was moved from"), std::string::npos) << msg;
+  EXPECT_EQ(caught([&] { (void)from.local_size(); }), msg);
+  EXPECT_EQ(caught([&] { (void)from.report(); }), msg);
+  EXPECT_EQ(to.local_size(), to.layout().size(to.rank()));  // the plan moved whole
+}
+
+}  // namespace
+}  // namespace ringattn
