@@ -3,16 +3,25 @@
 // sub-communicator of a data-parallel x context-parallel job). Tensors pass as raw pointers to
 // CPU memory that python/ringattn/__init__.py keeps alive and sizes: no copies at the boundary.
 // This is the one file outside src/comm that sees <mpi.h> (mpi4py's header needs it).
+//
+// No MPI call and no compute holds the GIL: another Python thread may be in a collective of its own
+// communicator that this one's peers need to finish first.
 #include <mpi4py/mpi4py.h>
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cstdint>
+#include <cstdio>
+#include <functional>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <fmt/format.h>
@@ -84,12 +93,17 @@ struct Plan {
   std::unique_ptr<ringattn::Attention> att;
 };
 
+//
+// Threads share the cache (each on its own communicator), so every access holds its lock; no
+// collective runs under it. Build numbers count per communicator: constructions over one
+// communicator run in the same order on every rank, whatever other threads do meanwhile.
 class PlanCache {
  public:
   static constexpr std::size_t kMaxIdle = 8;
   // The idle plan of the lowest build number for these arguments whose communicator is still
   // the caller's (same group, same order), or nothing.
   std::optional<Plan> take(const std::string& shared, const std::string& local, MPI_Comm caller) {
+    std::lock_guard<std::mutex> lock(mutex_);
     auto best = idle_.end();
     for (auto it = idle_.begin(); it != idle_.end(); ++it) {
       if (it->shared != shared || it->local != local) continue;
@@ -104,14 +118,30 @@ class PlanCache {
     return p;
   }
   void give_back(Plan p) {
+    std::lock_guard<std::mutex> lock(mutex_);
     idle_.push_back(std::move(p));
     if (idle_.size() > kMaxIdle) idle_.erase(idle_.begin());  // the longest idle
   }
-  std::uint64_t next_build(const std::string& shared) { return builds_[shared]++; }
-  void clear() { idle_.clear(); }
-  std::size_t hits = 0;
+  std::uint64_t next_build(const std::string& shared, const std::string& local) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return builds_[shared + " | " + local]++;
+  }
+  void clear() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    idle_.clear();
+  }
+  void hit() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    ++hits_;
+  }
+  std::size_t hits() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return hits_;
+  }
 
  private:
+  std::mutex mutex_;
+  std::size_t hits_ = 0;
   std::vector<Plan> idle_;
   std::map<std::string, std::uint64_t> builds_;
 };
@@ -127,16 +157,73 @@ std::uint64_t digest(const std::string& s, std::uint64_t build) {
   return h;
 }
 
+// The all-reduce every call begins with, over the caller's own communicator: nonblocking and
+// polled under the call's watchdog (0: none), as every wait of a plan is, since a peer may never
+// come (it raised, skipped the call, or is still in an earlier step). No plan exists yet to carry
+// the watchdog; on timeout one line names the step and the job ends (exit 3), as the plan's
+// watchdog does.
+void setup_allreduce(MPI_Comm comm, std::uint64_t* v, int n, double timeout_s) {
+  int rank = 0, size = 1;
+  MPI_Comm_rank(comm, &rank);
+  MPI_Comm_size(comm, &size);
+  MPI_Request req;
+  if (MPI_Iallreduce(MPI_IN_PLACE, v, n, MPI_UINT64_T, MPI_MIN, comm, &req) != MPI_SUCCESS)
+    throw ringattn::RuntimeFailure("ringattn.attention: MPI_Iallreduce failed on the caller's communicator");
+  const double t0 = MPI_Wtime();
+  double pause = 0;  // seconds between polls once the first millisecond has passed
+  for (;;) {
+    int done = 0;
+    MPI_Test(&req, &done, MPI_STATUS_IGNORE);
+    if (done) return;
+    const double waited = MPI_Wtime() - t0;
+    if (timeout_s > 0 && waited > timeout_s) {
+      fmt::print(stderr,
+                 "[rank {}] timeout: the setup of ringattn.attention on rank {} (an all-reduce over the caller's "
+                 "communicator of {} ranks) did not complete within timeout={} s: a peer has not called attention "
+                 "(it raised, skipped the call or is still in an earlier step); aborting the job\n",
+                 rank, rank, size, timeout_s);
+      ringattn::comm::abort_job(ringattn::kExitRuntime);
+    }
+    if (waited > 1e-3) {
+      pause = std::min(1e-3, std::max(2e-5, 1.5 * pause));
+      std::this_thread::sleep_for(std::chrono::duration<double>(pause));
+    }
+  }
+}
+
+// Agreement on this rank's own error before the plan (ranks that disagree about everything else
+// still agree here): every rank throws the lowest failing rank's, InputError for bad input and
+// AgreedFailure for anything else (out of memory preparing its tensors, say).
+void agree_local(const ringattn::comm::Group& g, std::string error, bool failure, const std::function<void()>& check) {
+  if (error.empty()) {
+    try {
+      check();
+    } catch (const InputError& e) {
+      error = e.what();
+    }
+  }
+  const std::string mine = error.empty() ? "" : (failure ? "F" : "I") + error;
+  if (auto e = g.agree(mine)) {
+    if ((*e)[0] == 'I') throw InputError(e->substr(1));
+    throw ringattn::AgreedFailure(e->substr(1));
+  }
+}
+
 // One attention call on this rank, from the forward to the backward.
 class Call {
  public:
+  // `error`: this rank's own problem with its arguments or tensors, found in Python ("" when none;
+  // `failure` when it is not bad input); every rank raises it. Collective over `comm`.
   Call(py::object comm, Index seq_len, std::vector<Index> q, std::vector<Index> k, std::vector<Index> v,
-       std::vector<std::string> dtypes, std::string local_error, bool causal, std::optional<Index> window, std::vector<Index> doc_lens,
-       std::string layout, std::vector<Index> partition, std::optional<double> scale, std::optional<double> rope,
-       std::string strategy, std::optional<int> ulysses_degree)
+       std::vector<std::string> dtypes, std::string error, bool failure, bool causal, std::optional<Index> window,
+       std::vector<Index> doc_lens, std::string layout, std::vector<Index> partition, std::optional<double> scale,
+       std::optional<double> rope, std::string strategy, std::optional<int> ulysses_degree,
+       std::optional<double> timeout)
       : q_(std::move(q)), k_(std::move(k)) {
-    MPI_Comm* mpi = PyMPIComm_Get(comm.ptr());
-    if (!mpi) throw py::error_already_set();
+    MPI_Comm* handle = PyMPIComm_Get(comm.ptr());
+    if (!handle) throw py::error_already_set();
+    const MPI_Comm mpi = *handle;
+    py::gil_scoped_release unlocked;  // from here on: MPI and C++ only
     ringattn::AttentionOptions o;
     o.layout = std::move(layout);
     o.partition = std::move(partition);
@@ -147,50 +234,61 @@ class Call {
     o.rope_theta = rope;
     o.strategy = std::move(strategy);
     o.ulysses_degree = ulysses_degree;
+    o.timeout_s = timeout;
     int size = 1;
-    MPI_Comm_size(*mpi, &size);
+    MPI_Comm_size(mpi, &size);
+    const bool shaped = q_.size() == 4 && k_.size() == 4;
     const std::string shared = fmt::format(
-        "N={} S={} B={} H={} HKV={} D={} {} causal={} window={} docs={} {} part={} scale={} rope={} {} U={}", size,
-        seq_len, q_.size() == 4 ? q_[0] : -1,
-        q_.size() == 4 ? q_[2] : -1, k_.size() == 4 ? k_[2] : -1, q_.size() == 4 ? q_[3] : -1, fmt::join(dtypes, ","),
-        causal, window.value_or(0), fmt::join(o.doc_lens, ","), o.layout, fmt::join(o.partition, ","),
-        scale ? fmt::format("{:a}", *scale) : "-", rope ? fmt::format("{:a}", *rope) : "-", o.strategy,
-        ulysses_degree.value_or(0));
+        "N={} S={} B={} H={} HKV={} D={} {} causal={} window={} docs={} {} part={} scale={} rope={} {} U={} "
+        "timeout={}",
+        size, seq_len, shaped ? q_[0] : -1, shaped ? q_[2] : -1, shaped ? k_[2] : -1, shaped ? q_[3] : -1,
+        fmt::join(dtypes, ","), causal, window.value_or(0), fmt::join(o.doc_lens, ","), o.layout,
+        fmt::join(o.partition, ","), scale ? fmt::format("{:a}", *scale) : "-", rope ? fmt::format("{:a}", *rope) : "-",
+        o.strategy, ulysses_degree.value_or(0), timeout ? fmt::format("{:a}", *timeout) : "default");
     // The communicator's handle differs between processes: it is this rank's own part of the key.
-    const std::string local = fmt::format("{:x} {}/{}/{}", reinterpret_cast<std::uintptr_t>(*mpi), shape_text(q_),
+    const std::string local = fmt::format("{:x} {}/{}/{}", reinterpret_cast<std::uintptr_t>(mpi), shape_text(q_),
                                           shape_text(k_), shape_text(v));
+    // The watchdog of the setup: the one asked for, or the plan's default for this rank's shard.
+    const double watchdog =
+        timeout ? *timeout
+                : ringattn::runtime::default_timeout(shaped ? ringattn::core::Shape{q_[0], seq_len, q_[2], k_[2], q_[3]}
+                                                            : ringattn::core::Shape{1, 1, 1, 1, 1},
+                                                     shaped ? q_[1] : 1, true, 0);
 
-    // Reuse only when every rank found the same plan: min(found), and min/max of the digests.
+    // Reuse only when every rank found the same plan: min(found), and min/max of the digests. A rank
+    // with an error of its own finds none, so every rank goes on to the checked construction.
     std::optional<Plan> cached;
-    if (local_error.empty()) cached = plans().take(shared, local, *mpi);
+    if (error.empty()) cached = plans().take(shared, local, mpi);
     const std::uint64_t d = cached ? digest(shared, cached->build) : 0;
     std::uint64_t agree[3] = {cached ? 1u : 0u, d, ~d};
-    MPI_Allreduce(MPI_IN_PLACE, agree, 3, MPI_UINT64_T, MPI_MIN, *mpi);
+    setup_allreduce(mpi, agree, 3, watchdog);
     if (agree[0] == 1 && agree[1] == ~agree[2]) {
       plan_ = std::move(*cached);
-      ++plans().hits;
+      plans().hit();
       return;
     }
     if (cached) plans().give_back(std::move(*cached));  // not every rank has it: build anew, checked
 
-    ringattn::comm::Comm c = ringattn::comm::Comm::duplicate_of(mpi);  // collective over `comm`
-    ringattn::runtime::agreed(c, [&] {
-      if (!local_error.empty()) throw InputError(local_error);
+    // Every rank came to the all-reduce, so every rank comes here: the duplicate completes.
+    ringattn::comm::Comm c = ringattn::comm::Comm::duplicate_of(&mpi);
+    c.set_timeout(watchdog);
+    agree_local(c, error, failure, [&] {
       check_tensors(q_, k_, v, dtypes);
       o.shape = ringattn::core::Shape{q_[0], seq_len, q_[2], k_[2], q_[3]};
       o.dtype = storage_dtype(dtypes[0]);
     });
-    auto att = std::make_unique<ringattn::Attention>(std::move(c), o, ringattn::runtime::python_names());
-    const ringattn::core::Layout& l = att->layout();
-    ringattn::runtime::agreed(att->comm(), [&] {
-      if (q_[1] != att->local_size())
-        throw InputError(fmt::format(
-            "q: rank {} holds L = {} positions, but the {} layout of seq_len = {} over {} ranks gives it {} (expected "
-            "q [B, {}, H, D]; ringattn.positions({}, {}, {}, layout='{}') lists them)",
-            att->rank(), q_[1], ringattn::core::layout_name(l.kind()), seq_len, att->ranks(), att->local_size(),
-            att->local_size(), seq_len, att->ranks(), att->rank(), ringattn::core::layout_name(l.kind())));
-    });
-    plan_ = Plan{shared, local, plans().next_build(shared), std::move(att)};
+    // The shard's length is checked against the plan before the strategy allocates its buffers.
+    auto check_shard = [&](const ringattn::Attention& att) {
+      if (q_[1] == att.local_size()) return;
+      const auto kind = ringattn::core::layout_name(att.layout().kind());
+      throw InputError(fmt::format(
+          "q: rank {} holds L = {} positions, but the {} layout of seq_len = {} over {} ranks gives it {} (expected "
+          "q [B, {}, H, D]; ringattn.positions({}, {}, {}, layout='{}') lists them)",
+          att.rank(), q_[1], kind, seq_len, att.ranks(), att.local_size(), att.local_size(), seq_len, att.ranks(),
+          att.rank(), kind));
+    };
+    auto att = std::make_unique<ringattn::Attention>(std::move(c), o, ringattn::runtime::python_names(), check_shard);
+    plan_ = Plan{shared, local, plans().next_build(shared, local), std::move(att)};
   }
 
   Call(const Call&) = delete;
@@ -210,6 +308,13 @@ class Call {
     clean_ = false;  // until the pass completes on this rank
     ringattn::core::with_storage(plan_.att->dtype(), [&]<class S>() { run_forward<S>(q, k, v, o, lse); });
     clean_ = true;
+  }
+
+  // Instead of the backward, when this rank could not prepare it: every rank raises `why`.
+  void refuse(const std::string& why) {
+    py::gil_scoped_release unlocked;
+    clean_ = false;
+    plan_.att->refuse(why);
   }
 
   // dout in the storage dtype; dq, dk, dv in the accumulation dtype.
@@ -272,15 +377,16 @@ PYBIND11_MODULE(_ringattn, m) {
   m.def("positions", &positions, py::arg("seq_len"), py::arg("ranks"), py::arg("rank"), py::arg("layout"),
         py::arg("partition"), py::arg("causal"), py::arg("window"));
   // Plans kept for reuse: how many calls reused one, and dropping them (their buffers).
-  m.def("plans_reused", [] { return plans().hits; });
+  m.def("plans_reused", [] { return plans().hits(); });
   m.def("release_plans", [] { plans().clear(); });
   py::class_<Call>(m, "Call")
       .def(py::init<py::object, Index, std::vector<Index>, std::vector<Index>, std::vector<Index>,
-                    std::vector<std::string>, std::string, bool, std::optional<Index>, std::vector<Index>, std::string,
-                    std::vector<Index>, std::optional<double>, std::optional<double>, std::string,
-                    std::optional<int>>())
+                    std::vector<std::string>, std::string, bool, bool, std::optional<Index>, std::vector<Index>,
+                    std::string, std::vector<Index>, std::optional<double>, std::optional<double>, std::string,
+                    std::optional<int>, std::optional<double>>())
       .def_property_readonly("dtype", &Call::dtype)
       .def_property_readonly("local_size", &Call::local_size)
       .def("forward", &Call::forward)
+      .def("refuse", &Call::refuse)
       .def("backward", &Call::backward);
 }

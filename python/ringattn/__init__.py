@@ -14,14 +14,23 @@ float64 for float64 inputs and float32 otherwise (16-bit storage computes in flo
 k.grad, v.grad come in the inputs' dtype, as for any torch op. Contiguous tensors are read in
 place; others are made contiguous first.
 
-A bad argument on any rank raises ringattn.InputError (a ValueError) with a one-line message on
-every rank of the communicator, so no rank is left waiting for the others.
+One rank's problem is every rank's error: a bad argument (of the wrong type, an unknown keyword,
+a tensor ringattn cannot read) raises ringattn.InputError (a ValueError) with a one-line message on
+every rank of the communicator, and a rank that fails otherwise before the ranks exchange data (out
+of memory, say) raises ringattn.RuntimeFailure on every rank; no rank is left waiting for the
+others. A rank that stops calling (it raised elsewhere, skipped the backward) is caught by the
+watchdog (`timeout`): its peers end the job with one line naming what they waited for. No call
+holds the GIL while it waits or computes, so threads on different communicators may call at once
+(with MPI initialised at MPI_THREAD_MULTIPLE, mpi4py's default).
 """
 
+import functools
+import inspect
 import numbers
 
 import torch
 from mpi4py import MPI
+from torch.autograd.function import once_differentiable
 
 from ._ringattn import Call as _Call
 from ._ringattn import InputError, RuntimeFailure
@@ -34,6 +43,61 @@ _TORCH_NAME = {torch.float32: "float32", torch.float64: "float64", torch.bfloat1
                torch.float16: "float16"}
 # storage dtype -> what O, LSE and the gradients are computed in
 _ACCUM = {"f32": torch.float32, "f64": torch.float64, "bf16": torch.float32, "f16": torch.float32}
+_STORAGE = {"float32": "f32", "float64": "f64", "bfloat16": "bf16", "float16": "f16"}
+
+
+# ---- argument types: checked and converted here; what the values mean, the plan checks ----------
+
+def _int(name, x, bits=63):
+    """x as an int that fits the C++ integer it becomes; a bool, a float or a string is an error."""
+    if isinstance(x, bool) or not isinstance(x, numbers.Integral):
+        raise InputError(f"{name}: {x!r} is not an integer")
+    x = int(x)
+    if not -(1 << bits) <= x < (1 << bits):
+        raise InputError(f"{name}: {x} does not fit a {bits + 1}-bit integer (expected |{name}| < 2**{bits})")
+    return x
+
+
+def _int_or_none(name, x, bits=63):
+    return None if x is None else _int(name, x, bits)
+
+
+def _int_list(name, xs):
+    """A list, tuple, 1-d integer array or tensor of integers (None: empty); floats are errors."""
+    if xs is None:
+        return []
+    if isinstance(xs, torch.Tensor):
+        if xs.dim() != 1 or xs.dtype.is_floating_point or xs.dtype.is_complex or xs.dtype == torch.bool:
+            raise InputError(f"{name}: a {xs.dim()}-d {xs.dtype} tensor (expected a list of integers)")
+        xs = xs.tolist()
+    if isinstance(xs, (str, bytes)) or not hasattr(xs, "__iter__"):
+        raise InputError(f"{name}: {xs!r} is not a list of integers")
+    out = []
+    for n in xs:
+        if isinstance(n, bool) or not isinstance(n, numbers.Integral):
+            raise InputError(f"{name}: {n!r} in {name} is not an integer (expected a list of integers)")
+        out.append(_int(name, n))
+    return out
+
+
+def _number_or_none(name, x):
+    if x is None:
+        return None
+    if isinstance(x, bool) or not isinstance(x, numbers.Real):
+        raise InputError(f"{name}: {x!r} is not a number")
+    return float(x)
+
+
+def _bool(name, x):
+    if not isinstance(x, bool) and type(x).__name__ != "bool_":  # Python's bool or numpy's
+        raise InputError(f"{name}: {x!r} is not a bool (expected True or False)")
+    return bool(x)
+
+
+def _name(name, x):
+    if not isinstance(x, str):
+        raise InputError(f"{name}: {x!r} is not a name (expected a string)")
+    return x
 
 
 def positions(seq_len, ranks, rank, layout="auto", partition=None, *, causal=None, window=None):
@@ -43,14 +107,17 @@ def positions(seq_len, ranks, rank, layout="auto", partition=None, *, causal=Non
     partition, contiguous otherwise; give the same `causal` and `window` as to attention()),
     "contiguous" (consecutive ranges; balanced, or `partition` = one size per rank), "striped"
     (p mod ranks) or "zigzag" (2*ranks chunks; rank r owns chunks r and 2*ranks-1-r).
+    Not collective: a bad argument raises InputError on this rank.
     """
     if layout == "auto" and causal is None:
         raise InputError("positions: layout 'auto' depends on the mask: give causal= (and window=) as to "
                          "attention(), or name the layout")
-    return _positions(_int_or_none("seq_len", seq_len), _int_or_none("ranks", ranks),
-                      _int_or_none("rank", rank), str(layout), _int_list("partition", partition),
-                      bool(causal), _int_or_none("window", window))
+    return _positions(_int("seq_len", seq_len), _int("ranks", ranks, bits=31), _int("rank", rank, bits=31),
+                      _name("layout", layout), _int_list("partition", partition),
+                      False if causal is None else _bool("causal", causal), _int_or_none("window", window))
 
+
+# ---- one call: this rank's problems found first, then agreed by every rank ------------------------
 
 def _describe(name, t):
     """(shape, dtype name, error) of one input, checked on this rank alone."""
@@ -58,146 +125,212 @@ def _describe(name, t):
         return [], "?", f"{name}: a {type(t).__name__}, not a torch.Tensor"
     if t.device.type != "cpu":
         return list(t.shape), "?", f"{name}: tensor on {t.device} (expected a CPU tensor)"
+    if t.layout != torch.strided:
+        return list(t.shape), "?", (f"{name}: a {str(t.layout).replace('torch.', '')} tensor (expected a dense CPU "
+                                    f"tensor: {name}.to_dense())")
     return list(t.shape), _TORCH_NAME.get(t.dtype, str(t.dtype).replace("torch.", "")), ""
 
 
-def _int_or_none(name, x, low=None):
-    """x as an int (None stays None); `low` bounds arguments the plan does not check itself."""
-    if x is None:
-        return None
-    if isinstance(x, bool) or not isinstance(x, numbers.Integral):
-        raise ValueError(f"{name}: {x!r} is not an integer")
-    if low is not None and int(x) < low:
-        raise ValueError(f"{name}: {int(x)} is not >= {low} (expected an integer >= {low}, or None)")
-    return int(x)
-
-
-def _int_list(name, xs):
-    if xs is None:
-        return []
-    try:
-        out = [int(n) for n in xs]
-    except (TypeError, ValueError):
-        raise ValueError(f"{name}: {xs!r} is not a list of integers")
-    return out
-
-
-def _float_or_none(name, x):
-    if x is None:
-        return None
-    if isinstance(x, bool) or not isinstance(x, numbers.Real):
-        raise ValueError(f"{name}: {x!r} is not a number")
-    return float(x)
-
-
-def _plan(q, k, v, seq_len, causal, window, doc_lens, layout, partition, scale, rope, strategy,
-          ulysses_degree, comm):
-    """The call's plan, agreed on by every rank (collective over `comm`)."""
-    if comm is None:
-        comm = MPI.COMM_WORLD
-    if not isinstance(comm, MPI.Comm):  # no communicator to agree on: this rank alone raises
-        raise TypeError(f"comm: a {type(comm).__name__}, not an mpi4py communicator")
-    shapes, dtypes, error = [], [], ""
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        s, d, e = _describe(name, t)
-        shapes.append(s)
-        dtypes.append(d)
-        error = error or e
-    # Argument errors are this rank's own until the ranks agree: nothing raises before that.
-    args = dict(seq_len=1, window=None, doc_lens=[], layout="auto", partition=[], scale=None,
-                rope=None, strategy="ring", ulysses_degree=None)
-    try:
-        if seq_len is None:
-            raise ValueError("seq_len: needed (the total sequence length S over all ranks)")
-        args["seq_len"] = _int_or_none("seq_len", seq_len)
-        args["window"] = _int_or_none("window", window)
-        args["doc_lens"] = _int_list("doc_lens", doc_lens)
-        args["partition"] = _int_list("partition", partition)
-        args["scale"] = _float_or_none("scale", scale)
-        args["rope"] = _float_or_none("rope", rope)
-        args["ulysses_degree"] = _int_or_none("ulysses_degree", ulysses_degree)
-        if not isinstance(layout, str) or not isinstance(strategy, str):
-            raise ValueError(f"layout, strategy: {layout!r}, {strategy!r} are not names")
-        args["layout"], args["strategy"] = layout, strategy
-    except ValueError as e:
-        error = error or str(e)
-    if error:
-        shapes = [[], [], []]  # checked no further
-    return _Call(comm, args["seq_len"], shapes[0], shapes[1], shapes[2], dtypes, error, bool(causal),
-                 args["window"], args["doc_lens"], args["layout"], args["partition"], args["scale"],
-                 args["rope"], args["strategy"], args["ulysses_degree"])
-
-
 def _contiguous(t):
-    t = t.detach()
+    t = t.detach().resolve_conj().resolve_neg()
     return t if t.is_contiguous() else t.contiguous()
 
 
-class _AttentionFunction(torch.autograd.Function):
-    """O, LSE of this rank's shard; the backward runs the distributed backward (collective)."""
+def _out_of_memory(e):
+    return isinstance(e, MemoryError) or "allocate memory" in str(e)  # torch's allocator says so
+
+
+def _default_args():
+    return dict(seq_len=0, causal=False, window=None, doc_lens=[], layout="auto", partition=[], scale=None,
+                rope=None, strategy="ring", ulysses_degree=None, timeout=None)
+
+
+class _Prepared:
+    """This rank's side of one call before the ranks agree: its arguments converted, its tensors
+    made contiguous and its outputs allocated, so nothing after the agreement fails on one rank
+    alone. `error` is the first problem found ("" when none); `failure` when it is not bad input."""
+
+    def __init__(self, q, k, v, args, comm):
+        self.comm, self.error = self._communicator(comm)
+        self.failure = False
+        self.shapes, self.dtypes = [], []
+        for name, t in (("q", q), ("k", k), ("v", v)):
+            s, d, e = _describe(name, t)
+            self.shapes.append(s)
+            self.dtypes.append(d)
+            self.error = self.error or e
+        self.args = _default_args()
+        try:
+            if args["seq_len"] is None:
+                raise InputError("seq_len: needed (the total sequence length S over all ranks)")
+            self.args.update(
+                seq_len=_int("seq_len", args["seq_len"]), causal=_bool("causal", args["causal"]),
+                window=_int_or_none("window", args["window"]), doc_lens=_int_list("doc_lens", args["doc_lens"]),
+                layout=_name("layout", args["layout"]), partition=_int_list("partition", args["partition"]),
+                scale=_number_or_none("scale", args["scale"]), rope=_number_or_none("rope", args["rope"]),
+                strategy=_name("strategy", args["strategy"]),
+                ulysses_degree=_int_or_none("ulysses_degree", args["ulysses_degree"], bits=31),
+                timeout=_number_or_none("timeout", args["timeout"]))
+        except InputError as e:
+            self.error = self.error or str(e)
+        self.tensors = None
+        if self.error:
+            self.shapes = [[], [], []]  # checked no further
+            return
+        if len(self.shapes[0]) != 4 or _ACCUM.get(_STORAGE.get(self.dtypes[0])) is None:
+            return  # the agreement reports it, with the shapes and dtypes
+        try:
+            qc, kc, vc = _contiguous(q), _contiguous(k), _contiguous(v)
+            B, L, H, D = qc.shape
+            acc = _ACCUM[_STORAGE[self.dtypes[0]]]
+            self.tensors = (qc, kc, vc, torch.empty((B, L, H, D), dtype=acc), torch.empty((B, H, L), dtype=acc))
+        except Exception as e:  # out of memory, most likely: every rank raises it
+            self.error, self.failure = _failure("preparing q, k, v and the outputs", e, self.comm), True
 
     @staticmethod
-    def forward(ctx, q, k, v, call):
-        qc, kc, vc = _contiguous(q), _contiguous(k), _contiguous(v)
-        B, L, H, D = qc.shape
-        acc = _ACCUM[call.dtype]
-        o = torch.empty((B, L, H, D), dtype=acc)
-        lse = torch.empty((B, H, L), dtype=acc)
+    def _communicator(comm):
+        """(the communicator to agree over, its error): without one of its own, a rank agrees on
+        its error over COMM_WORLD."""
+        if comm is None:
+            return MPI.COMM_WORLD, ""
+        if isinstance(comm, MPI.Comm) and comm != MPI.COMM_NULL and not comm.Is_inter():
+            return comm, ""
+        what = (f"a {type(comm).__name__}" if not isinstance(comm, MPI.Comm) else
+                "MPI.COMM_NULL" if comm == MPI.COMM_NULL else "an intercommunicator")
+        return MPI.COMM_WORLD, f"comm: {what}, not an mpi4py intracommunicator (expected e.g. MPI.COMM_WORLD)"
+
+    @classmethod
+    def refused(cls, comm, error):
+        """A call this rank cannot make: its error (or its communicator's), agreed by call()."""
+        p = cls.__new__(cls)
+        p.comm, comm_error = cls._communicator(comm)
+        p.error, p.failure = comm_error or error, False
+        p.shapes, p.dtypes, p.tensors = [[], [], []], ["?"] * 3, None
+        p.args = _default_args()
+        return p
+
+    def without_tensors(self):
+        """This preparation's arguments only (what a second forward of the same call needs)."""
+        p = _Prepared.__new__(_Prepared)
+        p.comm, p.args = self.comm, self.args
+        return p
+
+    def call(self):
+        """The agreed call (collective over the communicator); raises this rank's error, or a
+        peer's, on every rank."""
+        a = self.args
+        return _Call(self.comm, a["seq_len"], self.shapes[0], self.shapes[1], self.shapes[2], self.dtypes,
+                     self.error, self.failure, a["causal"], a["window"], a["doc_lens"], a["layout"], a["partition"],
+                     a["scale"], a["rope"], a["strategy"], a["ulysses_degree"], a["timeout"])
+
+
+def _failure(what, e, comm):
+    """One line for this rank's failure that is not bad input (out of memory, most likely)."""
+    rank = comm.rank
+    first = str(e).splitlines()[0] if str(e) else type(e).__name__
+    if _out_of_memory(e):
+        return f"rank {rank}: out of memory {what} ({type(e).__name__}: {first})"
+    return f"rank {rank}: {type(e).__name__} {what}: {first}"
+
+
+def _agreed_signature(fn):
+    """fn's arguments bound on this rank first: a call it cannot bind (an unknown keyword, a
+    missing or an extra argument) raises InputError on every rank of the call's communicator, as any
+    other bad argument does, instead of a TypeError on this rank alone."""
+    sig = inspect.signature(fn)
+
+    @functools.wraps(fn)
+    def call(*args, **kwargs):
+        try:
+            sig.bind(*args, **kwargs)
+        except TypeError as e:
+            _Prepared.refused(kwargs.get("comm"), f"{fn.__name__}: {e}").call()  # raises on every rank
+        return fn(*args, **kwargs)
+
+    return call
+
+
+class _AttentionFunction(torch.autograd.Function):
+    """O, LSE of this rank's shard; the backward runs the distributed backward (collective). It is
+    differentiable once: the gradients it returns raise when differentiated again."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, prepared):
+        call = prepared.call()  # collective: raises this rank's error, or a peer's, on every rank
+        qc, kc, vc, o, lse = prepared.tensors
         call.forward(qc.data_ptr(), kc.data_ptr(), vc.data_ptr(), o.data_ptr(), lse.data_ptr())
-        ctx.call = call
-        ctx.meta = (q.shape, q.dtype, k.shape, k.dtype, v.dtype)
+        ctx.call, ctx.prepared = call, prepared.without_tensors()
         ctx.mark_non_differentiable(lse)
+        # q, k, v as autograd keeps inputs: freed with the graph (a later backward then gets
+        # autograd's own error, which names retain_graph), checked against in-place changes, and
+        # there to compute the forward again for a second backward through a retained graph.
+        ctx.save_for_backward(q, k, v)
         return o, lse
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, do, _dlse):
-        call, (q_shape, q_dtype, kv_shape, k_dtype, v_dtype) = ctx.call, ctx.meta
-        if call is None:
-            raise RuntimeError("ringattn.attention: backward through the same call twice "
-                               "(the distributed state is freed after the first)")
+        q, k, v = ctx.saved_tensors
+        call, ctx.call = ctx.call, None  # the plan goes back for reuse when this backward is done
+        if call is None:  # a second backward through a graph kept by retain_graph=True: the first
+            # freed the distributed state, so every rank runs its forward again (collective)
+            again = _Prepared(q, k, v, ctx.prepared.args, ctx.prepared.comm)
+            call = again.call()
+            qc, kc, vc, o, lse = again.tensors
+            call.forward(qc.data_ptr(), kc.data_ptr(), vc.data_ptr(), o.data_ptr(), lse.data_ptr())
         acc = _ACCUM[call.dtype]
-        do = _contiguous(do.to(q_dtype))
-        dq = torch.empty(q_shape, dtype=acc)
-        dk = torch.empty(kv_shape, dtype=acc)
-        dv = torch.empty(kv_shape, dtype=acc)
+        try:
+            do = _contiguous(do.to(q.dtype))
+            dq = torch.empty(q.shape, dtype=acc)
+            dk = torch.empty(k.shape, dtype=acc)
+            dv = torch.empty(v.shape, dtype=acc)
+        except Exception as e:  # out of memory, most likely: the peers' backward raises it too
+            call.refuse(_failure("preparing dout and the gradients", e, ctx.prepared.comm))
         call.backward(do.data_ptr(), dq.data_ptr(), dk.data_ptr(), dv.data_ptr())
-        ctx.call = None  # frees this rank's shard copies and ring buffers
-        return dq.to(q_dtype), dk.to(k_dtype), dv.to(v_dtype), None
+        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None
 
 
-def attention_lse(q, k, v, *, seq_len, causal=False, window=None, doc_lens=None, layout="auto",
-                  partition=None, scale=None, rope=None, strategy="ring", ulysses_degree=None,
-                  comm=None):
+@_agreed_signature
+def attention_lse(q, k, v, *, seq_len=None, causal=False, window=None, doc_lens=None, layout="auto",
+                  partition=None, scale=None, rope=None, strategy="ring", ulysses_degree=None, comm=None,
+                  timeout=None):
     """(O, LSE) of this rank's shard; arguments as attention(). LSE [B, H, L] (natural log) is
     not differentiable."""
-    call = _plan(q, k, v, seq_len, causal, window, doc_lens, layout, partition, scale, rope, strategy,
-                 ulysses_degree, comm)
-    return _AttentionFunction.apply(q, k, v, call)
+    p = _Prepared(q, k, v, dict(seq_len=seq_len, causal=causal, window=window, doc_lens=doc_lens, layout=layout,
+                                partition=partition, scale=scale, rope=rope, strategy=strategy,
+                                ulysses_degree=ulysses_degree, timeout=timeout), comm)
+    if p.tensors is None:  # this rank's error, or q, k, v it could not read
+        p.call()  # raises it, or a peer's, on every rank, before autograd sees the inputs
+        raise AssertionError("ringattn: the ranks agreed on a call this rank cannot make")  # not reached
+    return _AttentionFunction.apply(q, k, v, p)
 
 
-def attention(q, k, v, *, seq_len, causal=False, window=None, doc_lens=None, layout="auto",
-              partition=None, scale=None, rope=None, strategy="ring", ulysses_degree=None, comm=None):
+@_agreed_signature
+def attention(q, k, v, *, seq_len=None, causal=False, window=None, doc_lens=None, layout="auto", partition=None,
+              scale=None, rope=None, strategy="ring", ulysses_degree=None, comm=None, timeout=None):
     """This rank's O [B, L, H, D] of softmax(scale * q k^T + mask) v over the whole sequence.
 
     q [B, L, H, D], k, v [B, L, HKV, D]: this rank's shard, its L positions given by
       positions(seq_len, comm.size, comm.rank, layout, partition, causal=causal, window=window);
       H a multiple of HKV (GQA).
-    seq_len: S, the positions over all ranks.
-    causal: j <= i. window: W >= 1, causal sliding window i - W < j <= i.
-    doc_lens: packed documents (lengths summing to S); attention stays within each.
+    seq_len: S, the positions over all ranks (needed).
+    causal: j <= i (a bool). window: W >= 1, causal sliding window i - W < j <= i.
+    doc_lens: packed documents (integer lengths summing to S); attention stays within each.
     layout: "auto" (zigzag for a causal mask without a window or partition, contiguous otherwise;
-      the command line's default), "contiguous" (with `partition`: one size per rank), "striped" or
-      "zigzag".
+      the command line's default), "contiguous" (with `partition`: one integer size per rank),
+      "striped" or "zigzag".
     scale: default 1/sqrt(D). rope: theta (e.g. 10000.0) to rotate q and k at their global
       positions before attending (rotate-half RoPE; gradients are with respect to q, k as given).
     strategy: "ring" (no rule on the shape), "ulysses" (H % N == 0) or "usp" with ulysses_degree U
       (ranks per all-to-all group; N % U == 0, H % U == 0).
     comm: an mpi4py communicator (default MPI.COMM_WORLD); every rank of it must call.
-    O is differentiable: its backward runs the distributed backward (collective over comm).
+    timeout: seconds any rank may wait for its peers in this call and its backward before the
+      whole job ends with one line naming the step (exit 3); None: the command line's default
+      (300 s and more for large shapes); 0: no watchdog. Every rank must give the same.
+    O is differentiable once: its backward runs the distributed backward (collective over comm)
+    and fills q.grad, k.grad, v.grad; differentiating those again raises.
     """
     o, _ = attention_lse(q, k, v, seq_len=seq_len, causal=causal, window=window, doc_lens=doc_lens,
-                         layout=layout, partition=partition, scale=scale, rope=rope,
-                         strategy=strategy, ulysses_degree=ulysses_degree, comm=comm)
+                         layout=layout, partition=partition, scale=scale, rope=rope, strategy=strategy,
+                         ulysses_degree=ulysses_degree, comm=comm, timeout=timeout)
     return o
-
-
