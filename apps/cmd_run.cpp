@@ -76,6 +76,15 @@ Command add_run_command(CLI::App& parent) {
   add_integer(run, "--debug-stall-rank", c.hooks.stall_rank, "test hook: this rank stalls before its first send")
       ->group("");
   run->add_option("--debug-stall-seconds", c.hooks.stall_s, "test hook: how long it stalls")->group("");
+  run->footer(
+      "Summary, one line per rank (medians over --iters): positions, the positions the rank owns; forward and "
+      "backward, its time in each pass; compute, its time in the attention kernels; wait, its time blocked on data "
+      "that had not arrived (K/V blocks, gradient returns, all-to-alls, all-gathers): communication that overlap did "
+      "not hide, or a faster rank waiting for a slower one; wait%, wait over forward + backward; sent and received, "
+      "its bytes per iteration, both passes; tile pairs, the (query tile, key tile) pairs its kernels computed (pairs "
+      "the mask hides are skipped); GFLOP, its kernels' flops (forward 4 x rows x keys x D, backward 2.5x); GFLOP/s, "
+      "GFLOP over forward + backward.\nExit codes: 0 ok, 1 --check failed, 2 bad input or usage, 3 runtime failure "
+      "or watchdog, 130/143 SIGINT/SIGTERM.");
   Command cmd;
   cmd.cli = run;
   cmd.run = [cfg, run](comm::Comm* comm) {

@@ -67,11 +67,17 @@ void print_attention(const runtime::RunResult& res) {
     fmt::print("  all-to-all wait (part of wait, slowest rank, forward + backward): {}\n", ms(a2a));
   const double mean = flops / std::max<std::size_t>(1, rep.ranks.size());
   fmt::print("  work imbalance (max/mean flops): {:.3f}", mean > 0 ? max_flops / mean : 1.0);
-  if (f.causal && N > 1)  // the model compares causal shards only
+  // The block models describe a plain causal mask (no window, no documents) on the ring's contiguous shards.
+  if (N > 1 && f.strategy == "ring" && f.layout == "contiguous" && f.mask == "causal j<=i")
     fmt::print("; for causal contiguous shards the block model gives 2N/(N+1) = {:.3f}, visible pairs only "
                "(2N-1)/N = {:.3f}", 2.0 * N / (N + 1), (2.0 * N - 1) / N);
   fmt::print("\n");
-  fmt::print("  memory per rank (largest): ring buffers {}, peak RSS {}; total {:.2f} GFLOP\n",
+  // What the planned bytes hold besides the shards and the kernels' scratch, by strategy.
+  const char* buffers = f.strategy == "ulysses"             ? "all-to-all buffers"
+                        : f.strategy.rfind("usp", 0) == 0   ? "all-to-all and ring buffers"
+                        : f.strategy == "allgather"         ? "all-gather buffers"
+                                                            : "ring buffers";
+  fmt::print("  memory per rank (largest): {} {}, peak RSS {}; total {:.2f} GFLOP\n", buffers,
              human_bytes(double(budget)), human_bytes(double(rss)), flops * 1e-9);
   if (rep.check)
     fmt::print("  check vs float64 reference (max rel err, tol {:.0e}): {} -> {}\n", rep.check->tolerance,

@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""PyTorch eager attention on CPU, forward + backward, the baseline for scripts/bench_vs_torch.sh.
+"""PyTorch eager attention on CPU, forward + backward, the baseline for `scripts/bench.py vs-torch`.
 
 Plain matmul, softmax and autograd (no fused kernel), float32, threads = --threads. Prints one
 JSON object: median forward and backward seconds over --iters after one warm-up.

@@ -298,8 +298,10 @@ def test_defaults_and_summary():
         check("block model" not in out, "no causal block model for a non-causal run")
         _, out = config(1, "--causal")
         check("block model" not in out, "no causal block model at N=1")
+        _, out = config(2, "--causal", "--layout", "contiguous")
+        check("block model" in out, "the causal block model for a causal run on contiguous shards at N=2")
         _, out = config(2, "--causal")
-        check("block model" in out, "the causal block model for a causal run at N=2")
+        check("block model" not in out, "no contiguous-shards block model for zigzag shards (auto, causal)")
     # a reference that vanishes (one key per row: dQ = 0) is judged against the output's magnitude
     p = ringattn(2, "run", "--seq", 1, "--heads", 2, "--head-dim", 8, "--check")
     check(p.returncode == 0 and "PASSED" in p.stdout, f"S=1: dq vanishes and the check passes ({p.stdout[-200:]})")
