@@ -234,6 +234,7 @@ void write_all(int fd, const std::string& text, const std::string& path) {
 // back (the old set comes back; written over the forward journal before a failed commit is
 //   undone): each placed file (gone from S, present in DIR) goes back into S, each name in A goes
 //   back into DIR; then A, S and the journal are removed.
+// The cleanup removes A, then S at once (renamed to .ringattn-<job>.gone first), then the journal.
 struct Journal {
   std::string id;
   bool forward = true;
@@ -271,17 +272,17 @@ std::string journal_text(const Journal& j) {
       "# place {}\n"
       "#\n"
       "# A ringattn job was putting its outputs into this directory when it ended, so the directory may\n"
-      "# hold a mix of two sets until this file is gone. `sh <this file>` finishes that commit ({}),\n"
-      "# as does the next ringattn job with this --out. Either is safe to repeat. See\n"
-      "# docs/robustness-commit.md.\n"
+      "# hold a mix of two sets until this file is gone. `sh <this file>` finishes that commit:\n"
+      "# {}. So does the next ringattn job with this --out. Either is safe to\n"
+      "# repeat. See docs/robustness-commit.md.\n"
       "cd \"$(dirname \"$0\")\" || exit 1\n"
-      "J={} A={} S={}\n"
+      "J={} A={} S={} G={}\n"
       "ASIDE='{}' PLACE='{}'\n"
       "there() {{ [ -e \"$1\" ] || [ -L \"$1\" ]; }}\n"
       "move() {{ if [ -d \"$2\" ]; then echo \"ringattn: $2 is a directory\" >&2; exit 1; fi; mv -f \"$1\" \"$2\" || exit 1; }}\n",
       kJournalMagic, j.id, j.forward ? "forward" : "back", aside, place,
       j.forward ? "the new set replaces the old one" : "the old set is put back", hidden_name(j.id, ".commit"),
-      hidden_name(j.id, ".old"), hidden_name(j.id, ".tmp"), aside, place);
+      hidden_name(j.id, ".old"), hidden_name(j.id, ".tmp"), hidden_name(j.id, ".gone"), aside, place);
   if (j.forward)
     t += "none_placed=1\n"
          "for f in $PLACE; do there \"$S/$f\" || none_placed=0; done\n"
@@ -291,9 +292,13 @@ std::string journal_text(const Journal& j) {
          "fi\n"
          "for f in $PLACE; do if there \"$S/$f\"; then move \"$S/$f\" \"$f\"; fi; done\n";
   else
-    t += "for f in $PLACE; do if ! there \"$S/$f\" && there \"$f\"; then move \"$f\" \"$S/$f\"; fi; done\n"
+    t += "if [ -d \"$S\" ]; then\n"
+         "  for f in $PLACE; do if ! there \"$S/$f\" && there \"$f\"; then move \"$f\" \"$S/$f\"; fi; done\n"
+         "fi\n"
          "for f in $ASIDE; do if there \"$A/$f\"; then move \"$A/$f\" \"$f\"; fi; done\n";
-  t += "rm -rf \"$A\" \"$S\" && rm -f \"$J\" && echo \"ringattn: finished the commit of job " + j.id + " in $(pwd)\"\n";
+  t += "rm -rf \"$A\" || exit 1\n"
+       "if there \"$S\"; then rm -rf \"$G\" && mv \"$S\" \"$G\" || exit 1; fi\n"
+       "rm -rf \"$G\" && rm -f \"$J\" && echo \"ringattn: finished the commit of job " + j.id + " in $(pwd)\"\n";
   return t;
 }
 
@@ -361,7 +366,8 @@ void move_file(const std::string& from, const std::string& to) {
   rename_or_throw(from, to);
 }
 
-// Carries out a published journal to its end (see above). `step` is called after each change.
+// Carries out a published journal to its end (see above). `step(move)` is called after each
+// change; `move` is false for the cleanup after the last move, which never fails.
 template <class Step>
 void finish_journal(const std::string& dir, const Journal& j, Step&& step) {
   const std::string A = path_in(dir, hidden_name(j.id, ".old")), S = path_in(dir, hidden_name(j.id, ".tmp"));
@@ -371,38 +377,46 @@ void finish_journal(const std::string& dir, const Journal& j, Step&& step) {
     if (none_placed) {
       if (::mkdir(A.c_str(), 0700) != 0 && errno != EEXIST)
         throw RuntimeFailure(fmt::format("cannot create {}: {}", A, errno_text()));
-      step();
+      step(true);
       for (const std::string& f : j.aside)
         if (there(path_in(dir, f))) {
           move_file(path_in(dir, f), path_in(A, f));
-          step();
+          step(true);
         }
     }
     for (const std::string& f : j.place)
       if (there(path_in(S, f))) {
         move_file(path_in(S, f), path_in(dir, f));
-        step();
+        step(true);
       }
   } else {
-    for (const std::string& f : j.place)
-      if (!there(path_in(S, f)) && there(path_in(dir, f))) {
-        move_file(path_in(dir, f), path_in(S, f));
-        step();
-      }
+    if (there(S))  // else the cleanup below had begun: every move was done
+      for (const std::string& f : j.place)
+        if (!there(path_in(S, f)) && there(path_in(dir, f))) {
+          move_file(path_in(dir, f), path_in(S, f));
+          step(true);
+        }
     for (const std::string& f : j.aside)
       if (there(path_in(A, f))) {
         move_file(path_in(A, f), path_in(dir, f));
-        step();
+        step(true);
       }
   }
+  // A goes first (once it is gone, nothing is left to move back), then S at once, by a rename:
+  // a half-removed S would make the placed files look new again to a repeated undoing.
   remove_tree(A);
-  step();
-  remove_tree(S);
-  step();
-  const std::string journal = path_in(dir, hidden_name(j.id, ".commit"));
-  if (::unlink(journal.c_str()) != 0 && errno != ENOENT)
-    throw RuntimeFailure(fmt::format("cannot remove {}: {}", journal, errno_text()));
-  step();
+  step(false);
+  const std::string gone = path_in(dir, hidden_name(j.id, ".gone"));
+  if (there(S)) {
+    remove_tree(gone);  // what an earlier, interrupted cleanup left
+    if (::rename(S.c_str(), gone.c_str()) != 0) remove_tree(S);
+  }
+  remove_tree(gone);
+  step(false);
+  // Past the last move nothing fails: a journal that cannot be removed is finished again (with
+  // nothing left to move) by the next job.
+  ::unlink(path_in(dir, hidden_name(j.id, ".commit")).c_str());
+  step(false);
 }
 
 }  // namespace
@@ -415,17 +429,22 @@ struct StagedOutputs::Impl {
   std::vector<std::string> staged;  // final names (with .npy) of the staged files
   TextTarget report, trace;
   bool have_report = false, have_trace = false, staged_any = false, created_out = false;
-  int kill_at_step = 0, steps = 0;  // RINGATTN_DEBUG_KILL_AT_COMMIT_STEP (tests)
+  int kill_at_step = 0, fail_at_step = 0, steps = 0;  // RINGATTN_DEBUG_{KILL,FAIL}_AT_COMMIT_STEP (tests)
 
   Impl(const comm::Group& g, OutputPaths paths) : group(g), p(std::move(paths)) {}
 
   std::string final_path(const std::string& file) const { return path_in(dir, file); }
   std::string stage_path(const std::string& file) const { return path_in(stage_dir, file); }
 
-  // Hidden test hook: rank 0 kills itself with SIGKILL right after the k-th change its commit
-  // makes to --out (RINGATTN_DEBUG_KILL_AT_COMMIT_STEP=k, k >= 1).
-  void step() {
-    if (kill_at_step > 0 && ++steps == kill_at_step) ::raise(SIGKILL);
+  // Hidden test hooks: rank 0 kills itself with SIGKILL right after the k-th change its commit
+  // makes to --out (RINGATTN_DEBUG_KILL_AT_COMMIT_STEP=k, k >= 1), or fails there as a rename
+  // would (RINGATTN_DEBUG_FAIL_AT_COMMIT_STEP=k; only up to the last move, after which nothing
+  // can fail).
+  void step(bool move) {
+    ++steps;
+    if (steps == kill_at_step) ::raise(SIGKILL);
+    if (move && steps == fail_at_step)
+      throw RuntimeFailure(fmt::format("cannot go on after step {} (RINGATTN_DEBUG_FAIL_AT_COMMIT_STEP)", steps));
   }
 
   // --out: every name at most NAME_MAX, the whole at most PATH_MAX with the job's own hidden names
@@ -530,7 +549,7 @@ struct StagedOutputs::Impl {
         throw RuntimeFailure(fmt::format("--out {}: {} is not a journal this ringattn can finish; see "
                                          "docs/robustness-commit.md", p.out_dir, path));
       try {
-        finish_journal(dir, *j, [] {});
+        finish_journal(dir, *j, [](bool) {});
       } catch (const RuntimeFailure& e) {
         throw RuntimeFailure(fmt::format("--out {}: cannot finish the interrupted commit of job {}: {}; see "
                                          "docs/robustness-commit.md", p.out_dir, j->id, e.what()));
@@ -541,7 +560,8 @@ struct StagedOutputs::Impl {
       if (name.size() > 13 && name[0] == '.' && name.ends_with(".npy.partial")) fs::remove(e.path(), ec);
       if (!name.starts_with(".ringattn-")) continue;
       // Under the lock, a set-aside directory or a journal being written is never a live job's.
-      const bool dead = name.ends_with(".old") || name.ends_with(".commit-new") || abandoned(name, host);
+      const bool dead = name.ends_with(".old") || name.ends_with(".commit-new") || name.ends_with(".gone") ||
+                        abandoned(name, host);
       if (!dead) continue;
       // A set-aside directory without a journal is empty, unless an older ringattn left it: then
       // its files go back where nothing has replaced them, as that version did.
@@ -582,6 +602,7 @@ struct StagedOutputs::Impl {
     } unlock{lock};
     sweep_abandoned();
     if (const char* k = std::getenv("RINGATTN_DEBUG_KILL_AT_COMMIT_STEP")) kill_at_step = std::atoi(k);
+    if (const char* k = std::getenv("RINGATTN_DEBUG_FAIL_AT_COMMIT_STEP")) fail_at_step = std::atoi(k);
     steps = 0;
     // What goes aside: everything this run writes, and ringattn's names it does not (stale),
     // except the files it reads.
@@ -604,14 +625,15 @@ struct StagedOutputs::Impl {
     j.place = staged;
     publish_journal(dir, j);
     staged_any = false;  // from here on the staged files belong to the journal, not to discard()
-    step();
     try {
-      finish_journal(dir, j, [this] { step(); });
+      step(true);
+      finish_journal(dir, j, [this](bool move) { step(move); });
     } catch (const RuntimeFailure& e) {
       try {
         j.forward = false;
         publish_journal(dir, j);
-        finish_journal(dir, j, [] {});
+        step(false);
+        finish_journal(dir, j, [this](bool move) { step(move); });  // the hooks count on; none fails
       } catch (const RuntimeFailure& e2) {
         throw RuntimeFailure(fmt::format("--out {}: {}; undoing it failed too: {}; `sh {}` or the next job on "
                                          "--out finishes it", p.out_dir, e.what(), e2.what(),
