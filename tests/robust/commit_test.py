@@ -13,6 +13,10 @@
                         one byte for byte, and no hidden entry. A last normal job leaves its own set.
                         At N = 3 the same for the first output moved into place (k = 12), where
                         issue 27 found only the new o.npy and a hidden .ringattn-*.old left.
+  failed_commit_puts_old_back  a rename that fails at step k while rank 0 lives (hidden hook
+                        RINGATTN_DEBUG_FAIL_AT_COMMIT_STEP=k): exit 3, one line, the old set byte for
+                        byte and nothing hidden; and rank 0 killed at each step of that undoing: sh
+                        or the next job finishes the turned-around journal into the old set.
   out_name_too_long     --out whose last name has 300 characters (and a path longer than PATH_MAX):
                         exit 2 on every rank, one error line naming --out, before any compute (a job
                         that computes for seconds is refused in well under that), nothing created.
@@ -95,16 +99,7 @@ def test_kill_at_each_commit_step():
                     steps = k - 1
                 continue
             after_kill = sorted(os.listdir(out))
-            if k % 2 == 0:
-                journals = glob.glob(os.path.join(out, ".ringattn-*.commit"))
-                how = f"`sh {' '.join(os.path.basename(j) for j in journals) or '(no journal)'}`"
-                for j in journals:
-                    r = subprocess.run(["/bin/sh", j], capture_output=True, text=True, timeout=30)
-                    check(r.returncode == 0, f"N={n} k={k}: sh {os.path.basename(j)} exits 0 ({r.stderr.strip()})")
-            else:
-                how = "the next job (refused for its --report)"
-                r = ringattn(n, *JOB, "--seed", 3, "--out", out, "--report", "/proc/ringattn-commit-test.json")
-                check(r.returncode == 2, f"N={n} k={k}: the next job is refused ({r.returncode})")
+            how = finish_by(k, n, out)
             got = snapshot(out)
             verdict = describe(got, sets)
             check(verdict in sets and not hidden(out),
@@ -121,6 +116,57 @@ def test_kill_at_each_commit_step():
         p = ringattn(2, *JOB, "--seed", 2, "--out", out)
         check(p.returncode == 0 and snapshot(out) == refs[2]["the new set"] and not hidden(out),
               f"the next successful job leaves its own set and nothing hidden ({p.returncode}, {hidden(out)})")
+
+
+# --- a failure while rank 0 lives ----------------------------------------------------------------
+
+def finish_by(k, n, out):
+    """Finishes what a killed commit left in out: `sh` its journals (even k) or the next job (odd k)."""
+    if k % 2 == 0:
+        journals = glob.glob(os.path.join(out, ".ringattn-*.commit"))
+        for j in journals:
+            r = subprocess.run(["/bin/sh", j], capture_output=True, text=True, timeout=30)
+            check(r.returncode == 0, f"k={k}: sh {os.path.basename(j)} exits 0 ({r.stderr.strip()})")
+        return f"`sh {' '.join(os.path.basename(j) for j in journals) or '(no journal)'}`"
+    r = ringattn(n, *JOB, "--seed", 3, "--out", out, "--report", "/proc/ringattn-commit-test.json")
+    check(r.returncode == 2, f"k={k}: the next job is refused ({r.returncode})")
+    return "the next job (refused for its --report)"
+
+
+def test_failed_commit_puts_old_back():
+    with tempfile.TemporaryDirectory() as d:
+        ref = os.path.join(d, "ref")
+        check(ringattn(2, *JOB, "--seed", 1, "--out", ref).returncode == 0, "the old set")
+        old = snapshot(ref)
+        # a rename that fails at step k (hidden hook): exit 3, the old set byte for byte, nothing hidden
+        for k in (1, 2, 3, 11, 12, 16, 20):
+            out = os.path.join(d, f"fail{k}")
+            check(ringattn(2, *JOB, "--seed", 1, "--out", out).returncode == 0, f"k={k}: the old set")
+            p = ringattn(2, *JOB, "--seed", 2, "--out", out, timeout=60,
+                         extra_env={"RINGATTN_DEBUG_FAIL_AT_COMMIT_STEP": str(k)})
+            lines = error_lines(p)
+            check(p.returncode == 3 and len(lines) == 1 and "earlier outputs were kept" in lines[0],
+                  f"k={k}: exit 3, one line saying the earlier outputs were kept ({p.returncode}: {lines[:2]})")
+            check(snapshot(out) == old and not hidden(out),
+                  f"k={k}: the old set byte for byte ({describe(snapshot(out), {'the old set': old})}), nothing "
+                  f"hidden {hidden(out)}")
+        # killed while putting the old set back (fails after the 4th new file moved in): the journal,
+        # turned around, is finished by sh or the next job into the old set
+        fail, k, ended = 15, 16, False
+        while not ended and k < 60:
+            out = os.path.join(d, f"back{k}")
+            check(ringattn(2, *JOB, "--seed", 1, "--out", out).returncode == 0, f"k={k}: the old set")
+            p = ringattn(2, *JOB, "--seed", 2, "--out", out, timeout=60,
+                         extra_env={"RINGATTN_DEBUG_FAIL_AT_COMMIT_STEP": str(fail),
+                                    "RINGATTN_DEBUG_KILL_AT_COMMIT_STEP": str(k)})
+            ended = p.returncode == 3
+            left = sorted(os.listdir(out))
+            how = "nothing (the job undid its commit)" if ended else finish_by(k, 2, out)
+            check(snapshot(out) == old and not hidden(out),
+                  f"fail at {fail}, kill at {k} (exit {p.returncode}, leaving {left}); after {how}: "
+                  f"{describe(snapshot(out), {'the old set': old})}, hidden {hidden(out)}")
+            k += 1
+        check(ended and k > 30, f"the undoing was interrupted after each of its {k - 17} steps")
 
 
 # --- --out checked before compute -------------------------------------------------------------
