@@ -233,7 +233,7 @@ CASES = [
     Case("doc_lens_negative", SMALL + ["--doc-lens", "20,-4"], ["--doc-lens"]),
     Case("unknown_layout", SMALL + ["--layout", "diagonal"], ["--layout", "diagonal"]),
     # strategies: the rule broken, named, and what to use instead
-    Case("unknown_strategy", SMALL + ["--strategy", "tree"], ["--strategy", "tree", "ring, ulysses or usp"]),
+    Case("unknown_strategy", SMALL + ["--strategy", "tree"], ["--strategy", "tree", "ring, ulysses, usp or allgather"]),
     Case("ulysses_heads_not_multiple_of_ranks", ["--seq", 16, "--heads", 3, "--head-dim", 4, "--strategy", "ulysses"],
          ["--strategy ulysses", "H % N == 0", "usp", "ring"]),
     Case("usp_degree_not_dividing_ranks",

@@ -12,7 +12,7 @@
                         nothing itself), leaves exactly one complete set, the old one or the new
                         one byte for byte, and no hidden entry. A last normal job leaves its own set.
                         At N = 3 the same for the first output moved into place (k = 12), where
-                        issue 27 found only the new o.npy and a hidden .ringattn-*.old left.
+                        the earlier commit left only the new o.npy and a hidden .ringattn-*.old.
   failed_commit_puts_old_back  a rename that fails at step k while rank 0 lives (hidden hook
                         RINGATTN_DEBUG_FAIL_AT_COMMIT_STEP=k): exit 3, one line, the old set byte for
                         byte and nothing hidden; and rank 0 killed at each step of that undoing: sh
