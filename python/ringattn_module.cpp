@@ -218,7 +218,7 @@ class Call {
        std::vector<std::string> dtypes, std::string error, bool failure, bool causal, std::optional<Index> window,
        std::vector<Index> doc_lens, std::string layout, std::vector<Index> partition, std::optional<double> scale,
        std::optional<double> rope, std::string strategy, std::optional<int> ulysses_degree,
-       std::optional<double> timeout)
+       std::optional<int> kv_head_group, std::optional<double> timeout)
       : q_(std::move(q)), k_(std::move(k)) {
     MPI_Comm* handle = PyMPIComm_Get(comm.ptr());
     if (!handle) throw py::error_already_set();
@@ -234,17 +234,19 @@ class Call {
     o.rope_theta = rope;
     o.strategy = std::move(strategy);
     o.ulysses_degree = ulysses_degree;
+    o.kv_head_group = kv_head_group;
     o.timeout_s = timeout;
     int size = 1;
     MPI_Comm_size(mpi, &size);
     const bool shaped = q_.size() == 4 && k_.size() == 4;
     const std::string shared = fmt::format(
-        "N={} S={} B={} H={} HKV={} D={} {} causal={} window={} docs={} {} part={} scale={} rope={} {} U={} "
+        "N={} S={} B={} H={} HKV={} D={} {} causal={} window={} docs={} {} part={} scale={} rope={} {} U={} G={} "
         "timeout={}",
         size, seq_len, shaped ? q_[0] : -1, shaped ? q_[2] : -1, shaped ? k_[2] : -1, shaped ? q_[3] : -1,
         fmt::join(dtypes, ","), causal, window.value_or(0), fmt::join(o.doc_lens, ","), o.layout,
         fmt::join(o.partition, ","), scale ? fmt::format("{:a}", *scale) : "-", rope ? fmt::format("{:a}", *rope) : "-",
-        o.strategy, ulysses_degree.value_or(0), timeout ? fmt::format("{:a}", *timeout) : "default");
+        o.strategy, ulysses_degree.value_or(0), kv_head_group.value_or(0),
+        timeout ? fmt::format("{:a}", *timeout) : "default");
     // The communicator's handle differs between processes: it is this rank's own part of the key.
     const std::string local = fmt::format("{:x} {}/{}/{}", reinterpret_cast<std::uintptr_t>(mpi), shape_text(q_),
                                           shape_text(k_), shape_text(v));
@@ -383,7 +385,7 @@ PYBIND11_MODULE(_ringattn, m) {
       .def(py::init<py::object, Index, std::vector<Index>, std::vector<Index>, std::vector<Index>,
                     std::vector<std::string>, std::string, bool, bool, std::optional<Index>, std::vector<Index>,
                     std::string, std::vector<Index>, std::optional<double>, std::optional<double>, std::string,
-                    std::optional<int>, std::optional<double>>())
+                    std::optional<int>, std::optional<int>, std::optional<double>>())
       .def_property_readonly("dtype", &Call::dtype)
       .def_property_readonly("local_size", &Call::local_size)
       .def("forward", &Call::forward)

@@ -142,7 +142,7 @@ def _out_of_memory(e):
 
 def _default_args():
     return dict(seq_len=0, causal=False, window=None, doc_lens=[], layout="auto", partition=[], scale=None,
-                rope=None, strategy="ring", ulysses_degree=None, timeout=None)
+                rope=None, strategy="ring", ulysses_degree=None, kv_head_group=None, timeout=None)
 
 
 class _Prepared:
@@ -170,6 +170,7 @@ class _Prepared:
                 scale=_number_or_none("scale", args["scale"]), rope=_number_or_none("rope", args["rope"]),
                 strategy=_name("strategy", args["strategy"]),
                 ulysses_degree=_int_or_none("ulysses_degree", args["ulysses_degree"], bits=31),
+                kv_head_group=_int_or_none("kv_head_group", args["kv_head_group"], bits=31),
                 timeout=_number_or_none("timeout", args["timeout"]))
         except InputError as e:
             self.error = self.error or str(e)
@@ -221,7 +222,7 @@ class _Prepared:
         a = self.args
         return _Call(self.comm, a["seq_len"], self.shapes[0], self.shapes[1], self.shapes[2], self.dtypes,
                      self.error, self.failure, a["causal"], a["window"], a["doc_lens"], a["layout"], a["partition"],
-                     a["scale"], a["rope"], a["strategy"], a["ulysses_degree"], a["timeout"])
+                     a["scale"], a["rope"], a["strategy"], a["ulysses_degree"], a["kv_head_group"], a["timeout"])
 
 
 def _failure(what, e, comm):
@@ -292,13 +293,13 @@ class _AttentionFunction(torch.autograd.Function):
 
 @_agreed_signature
 def attention_lse(q, k, v, *, seq_len=None, causal=False, window=None, doc_lens=None, layout="auto",
-                  partition=None, scale=None, rope=None, strategy="ring", ulysses_degree=None, comm=None,
-                  timeout=None):
+                  partition=None, scale=None, rope=None, strategy="ring", ulysses_degree=None, kv_head_group=None,
+                  comm=None, timeout=None):
     """(O, LSE) of this rank's shard; arguments as attention(). LSE [B, H, L] (natural log) is
     not differentiable."""
     p = _Prepared(q, k, v, dict(seq_len=seq_len, causal=causal, window=window, doc_lens=doc_lens, layout=layout,
                                 partition=partition, scale=scale, rope=rope, strategy=strategy,
-                                ulysses_degree=ulysses_degree, timeout=timeout), comm)
+                                ulysses_degree=ulysses_degree, kv_head_group=kv_head_group, timeout=timeout), comm)
     if p.tensors is None:  # this rank's error, or q, k, v it could not read
         p.call()  # raises it, or a peer's, on every rank, before autograd sees the inputs
         raise AssertionError("ringattn: the ranks agreed on a call this rank cannot make")  # not reached
@@ -307,7 +308,8 @@ def attention_lse(q, k, v, *, seq_len=None, causal=False, window=None, doc_lens=
 
 @_agreed_signature
 def attention(q, k, v, *, seq_len=None, causal=False, window=None, doc_lens=None, layout="auto", partition=None,
-              scale=None, rope=None, strategy="ring", ulysses_degree=None, comm=None, timeout=None):
+              scale=None, rope=None, strategy="ring", ulysses_degree=None, kv_head_group=None, comm=None,
+              timeout=None):
     """This rank's O [B, L, H, D] of softmax(scale * q k^T + mask) v over the whole sequence.
 
     q [B, L, H, D], k, v [B, L, HKV, D]: this rank's shard, its L positions given by
@@ -321,8 +323,9 @@ def attention(q, k, v, *, seq_len=None, causal=False, window=None, doc_lens=None
       "striped" or "zigzag".
     scale: default 1/sqrt(D). rope: theta (e.g. 10000.0) to rotate q and k at their global
       positions before attending (rotate-half RoPE; gradients are with respect to q, k as given).
-    strategy: "ring" (no rule on the shape), "ulysses" (H % N == 0) or "usp" with ulysses_degree U
-      (ranks per all-to-all group; N % U == 0, H % U == 0).
+    strategy: "ring" (no rule on the shape), "ulysses" (H % N == 0), "usp" with ulysses_degree U
+      (ranks per all-to-all group; N % U == 0, H % U == 0), or "allgather" (every rank gathers all
+      K/V, kv_head_group KV heads at a time; default: by memory).
     comm: an mpi4py communicator (default MPI.COMM_WORLD); every rank of it must call.
     timeout: seconds any rank may wait for its peers in this call and its backward before the
       whole job ends with one line naming the step (exit 3); None: the command line's default
@@ -332,5 +335,5 @@ def attention(q, k, v, *, seq_len=None, causal=False, window=None, doc_lens=None
     """
     o, _ = attention_lse(q, k, v, seq_len=seq_len, causal=causal, window=window, doc_lens=doc_lens,
                          layout=layout, partition=partition, scale=scale, rope=rope, strategy=strategy,
-                         ulysses_degree=ulysses_degree, comm=comm, timeout=timeout)
+                         ulysses_degree=ulysses_degree, kv_head_group=kv_head_group, comm=comm, timeout=timeout)
     return o
