@@ -32,16 +32,16 @@ positive_ints() {
   done
 }
 
-# The strategy list of a sweep: ring, ulysses, usp:U with an integer U >= MIN_U. Prints the first
+# The strategy list of a sweep: ring, ulysses, allgather, usp:U with an integer U >= MIN_U. Prints the first
 # problem as one line and returns 1; the caller exits with it (die).
 check_strategies() {  # check_strategies "LIST" MIN_U
   local st
   for st in $1; do
     case "$st" in
-      ring|ulysses) ;;
+      ring|ulysses|allgather) ;;
       usp:*) [[ "${st#usp:}" =~ ^[0-9]+$ ]] && [ "${st#usp:}" -ge "$2" ] ||
                { echo "--strategies: '$st' has no Ulysses degree (expected usp:U with an integer U >= $2)"; return 1; } ;;
-      *) echo "--strategies: unknown strategy '$st' (expected ring, ulysses or usp:U)"; return 1 ;;
+      *) echo "--strategies: unknown strategy '$st' (expected ring, ulysses, allgather or usp:U)"; return 1 ;;
     esac
   done
 }

@@ -6,7 +6,7 @@
 #       one job: `ringattn run` on N simulated ranks; --report, --trace, --check work as usual;
 #       --timing-only charges the kernels' counted flops instead of computing (no outputs, no check)
 #   scripts/simulate.sh --sweep --platform FILE [--ranks "8 16 32 64 128 256 512 1024"]
-#       [--seqs "32768 131072 524288"] [--strategies "ring ulysses usp:8"] [--heads 32]
+#       [--seqs "32768 131072 524288"] [--strategies "ring ulysses usp:8 allgather"] [--heads 32]
 #       [--kv-heads 8] [--head-dim 128] [--dtype bf16] [--causal | --no-causal]
 #       [--real-max-flops F] [--run-args "..."] [--out build-smpi/simulate/sweep.csv]
 #       one simulated job per point and strategy, one CSV row each (then: scripts/plot.py FILE.csv);
@@ -245,7 +245,12 @@ plan_verdict plan_recommended recommended"
     for S in $SEQS; do
       : >"$tmp/point.csv"
       for st in $STRATEGIES; do
-        case "$st" in ring) strategy=ring U=1 ;; ulysses) strategy=ulysses U=$N ;; usp:*) strategy=usp U="${st#usp:}" ;; esac
+        case "$st" in
+          ring) strategy=ring U=1 ;;
+          ulysses) strategy=ulysses U=$N ;;
+          allgather) strategy=allgather U=1 ;;
+          usp:*) strategy=usp U="${st#usp:}" ;;
+        esac
         if [ $((N % U)) -ne 0 ] || [ $((HEADS % U)) -ne 0 ] || { [ "$strategy" = usp ] && [ "$U" -ge "$N" ]; }; then
           echo "simulate: $st S=$S N=$N: skipped (U=$U must divide N=$N and H=$HEADS, usp needs U < N)" >&2
           continue

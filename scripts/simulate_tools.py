@@ -101,13 +101,14 @@ def row(N, S, H, HKV, D, dtype, causal, status, strategy, U, platform_name, mode
     mine = [x for x in est if x["strategy"] == strategy and x["ulysses_degree"] == int(U)]
     if mine:
         e = mine[0]
-        ratio = e["step_comm_ratio"] if strategy != "ulysses" else e["comm_ratio"]  # beta / I_step of the ring part
+        ring_part = strategy not in ("ulysses", "allgather")
+        ratio = e["step_comm_ratio"] if ring_part else e["comm_ratio"]  # beta / I_step of the ring part
         # perfect overlap waits for what compute cannot cover in each ring step (max(0, comm - compute)
         # of a step's max(comm, compute)) and for the whole all-to-all: 1 - compute / predicted
         r.update(step_intensity=e.get("step_intensity") or "", plan_comm_ratio=ratio,
                  plan_exposed=max(0.0, 1.0 - pj["compute_s"] / e["predicted_s"]), plan_predicted_s=e["predicted_s"],
                  plan_verdict=e.get("verdict", ""))
-        if strategy != "ulysses":  # the ring between R = N/U groups: I_step(R) R / beta
+        if ring_part:  # the ring between R = N/U groups: I_step(R) R / beta
             r["plan_max_ranks_bound"] = e["step_intensity"] * int(N) / pj["beta"]
     if est:
         best = min(est, key=lambda x: x["predicted_s"])
