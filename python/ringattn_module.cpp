@@ -370,6 +370,8 @@ py::array_t<std::int64_t> positions(Index seq_len, int ranks, int rank, const st
 
 }  // namespace
 
+void bind_kv_cache(py::module_& m);  // kv_cache_binding.cpp
+
 PYBIND11_MODULE(_ringattn, m) {
   m.doc() = "ringattn's C++ runtime (use the ringattn package, not this module)";
   if (import_mpi4py() < 0) throw py::error_already_set();
@@ -381,6 +383,7 @@ PYBIND11_MODULE(_ringattn, m) {
   // Plans kept for reuse: how many calls reused one, and dropping them (their buffers).
   m.def("plans_reused", [] { return plans().hits(); });
   m.def("release_plans", [] { plans().clear(); });
+  bind_kv_cache(m);
   py::class_<Call>(m, "Call")
       .def(py::init<py::object, Index, std::vector<Index>, std::vector<Index>, std::vector<Index>,
                     std::vector<std::string>, std::string, bool, bool, std::optional<Index>, std::vector<Index>,

@@ -34,9 +34,10 @@ from torch.autograd.function import once_differentiable
 
 from ._ringattn import Call as _Call
 from ._ringattn import InputError, RuntimeFailure
+from ._ringattn import KVCache as _KVCache
 from ._ringattn import positions as _positions
 
-__all__ = ["positions", "attention", "attention_lse", "InputError", "RuntimeFailure"]
+__all__ = ["positions", "attention", "attention_lse", "KVCache", "InputError", "RuntimeFailure"]
 InputError.__module__ = RuntimeFailure.__module__ = "ringattn"  # ringattn.InputError in tracebacks
 
 _TORCH_NAME = {torch.float32: "float32", torch.float64: "float64", torch.bfloat16: "bfloat16",
@@ -337,3 +338,77 @@ def attention(q, k, v, *, seq_len=None, causal=False, window=None, doc_lens=None
                          layout=layout, partition=partition, scale=scale, rope=rope, strategy=strategy,
                          ulysses_degree=ulysses_degree, kv_head_group=kv_head_group, comm=comm, timeout=timeout)
     return o
+
+
+class KVCache:
+    """A KV cache sharded by position across the ranks of `comm`, one per attention layer.
+
+    prefill(q, k, v): every rank passes its shard of the prompt, at the positions
+      positions(prompt_len) lists (q [B, L, H, D], k, v [B, L, HKV, D]); the causal ring forward
+      returns this rank's O [B, L, H, D] (and LSE [B, H, L] with return_lse=True); K/V stay here.
+    decode(q, k, v): every rank passes the same T new tokens (q [B, T, H, D], k, v [B, T, HKV, D]);
+      their K/V go to the ranks that own their positions, every rank attends the T queries to its
+      shard, and one all-gather merges the partial softmax states in float32 or float64: every rank
+      returns the same O [B, T, H, D], bit for bit (and LSE [B, H, T] with return_lse=True).
+    O and LSE are float64 for a float64 cache and float32 otherwise. No autograd: this is inference.
+    """
+
+    def __init__(self, batch, heads, kv_heads, head_dim, *, dtype=torch.float32, layout="auto", window=None,
+                 scale=None, capacity=None, comm=None, timeout=None):
+        if comm is None:
+            comm = MPI.COMM_WORLD
+        if not isinstance(comm, MPI.Comm):
+            raise InputError(f"comm: a {type(comm).__name__}, not an mpi4py communicator")
+        if dtype not in _TORCH_NAME:
+            raise InputError(f"dtype: {dtype} is not supported (expected float32, float64, bfloat16 or float16)")
+        self._dtype = dtype
+        self._acc = _ACCUM[_STORAGE[_TORCH_NAME[dtype]]]
+        self._shape = (_int("batch", batch), _int("heads", heads), _int("kv_heads", kv_heads),
+                       _int("head_dim", head_dim))
+        self._c = _KVCache(comm, *self._shape, _STORAGE[_TORCH_NAME[dtype]], _name("layout", layout),
+                                    _int_or_none("window", window), _number_or_none("scale", scale),
+                                    _int_or_none("capacity", capacity), _number_or_none("timeout", timeout))
+        self._comm = comm
+
+    def positions(self, prompt_len):
+        """This rank's positions of a prompt of prompt_len positions: an increasing int64 tensor."""
+        return torch.tensor(self._c.positions(_int("prompt_len", prompt_len)), dtype=torch.int64)
+
+    @property
+    def length(self):
+        """Positions in the cache, over all ranks."""
+        return self._c.length
+
+    def _checked(self, name, t, heads):
+        B, _, _, D = self._shape
+        if not isinstance(t, torch.Tensor) or t.dtype != self._dtype or t.device.type != "cpu":
+            raise InputError(f"{name}: expected a CPU tensor of the cache's dtype {self._dtype}")
+        if t.dim() != 4 or t.shape[0] != B or t.shape[2] != heads or t.shape[3] != D:
+            raise InputError(f"{name}: shape {list(t.shape)} (expected [{B}, L, {heads}, {D}])")
+        return t.detach().contiguous()
+
+    def _tensors(self, q, k, v):
+        B, H, HKV, D = self._shape
+        q, k, v = self._checked("q", q, H), self._checked("k", k, HKV), self._checked("v", v, HKV)
+        if not (q.shape[1] == k.shape[1] == v.shape[1]):
+            raise InputError(f"k, v: {k.shape[1]} and {v.shape[1]} positions, q {q.shape[1]} (expected the same)")
+        return q, k, v
+
+    def prefill(self, q, k, v, *, prompt_len=None, return_lse=False):
+        q, k, v = self._tensors(q, k, v)
+        B, H, HKV, D = self._shape
+        L = q.shape[1]
+        S0 = self._comm.allreduce(L) if prompt_len is None else _int("prompt_len", prompt_len)
+        o = torch.empty((B, L, H, D), dtype=self._acc)
+        lse = torch.empty((B, H, L), dtype=self._acc)
+        self._c.prefill(S0, q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), lse.data_ptr())
+        return (o, lse) if return_lse else o
+
+    def decode(self, q, k, v, *, return_lse=False):
+        q, k, v = self._tensors(q, k, v)
+        B, H, HKV, D = self._shape
+        T = q.shape[1]
+        o = torch.empty((B, T, H, D), dtype=self._acc)
+        lse = torch.empty((B, H, T), dtype=self._acc)
+        self._c.decode(T, q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), lse.data_ptr())
+        return (o, lse) if return_lse else o

@@ -50,6 +50,7 @@ struct DecodeStats {
 template <class S>
 class KVCacheShard {
  public:
+  using Storage = S;
   using A = core::accum_t<S>;
   // Collective over `comm`; checks the options (OptionError in `names`' words).
   KVCacheShard(const comm::Comm& comm, const KVCacheOptions& o, const OptionNames& names);

@@ -1,0 +1,103 @@
+#!/usr/bin/python3
+"""ringattn.KVCache under mpirun against PyTorch float64 causal attention over all positions.
+
+    PYTHONPATH=build/python mpirun -np N python3 tests/python/kv_cache_test.py
+
+Every rank builds the whole q, k, v of S0 + K T positions from one seed; it prefills its shard of
+the prompt (the positions KVCache.positions lists) and decodes K steps of T tokens (the same on
+every rank). The prompt's O and LSE of its positions, and every step's O and LSE, must equal the
+rows of dense causal (windowed) attention computed here in float64: f64 within 1e-10, f32 3e-4 of
+max |ref|; every rank's decode O must be bit for bit the same. Then the bad calls: T = 0, a step
+whose q differs on one rank, a cache over its capacity, a dtype that is not the cache's, each one
+error on every rank.
+"""
+import sys
+
+import torch
+from mpi4py import MPI
+
+import ringattn
+
+COMM = MPI.COMM_WORLD
+RANK, N = COMM.rank, COMM.size
+
+
+def reference(q, k, v, window):
+    B, S, H, D = q.shape
+    G = H // k.shape[2]
+    k, v = k.repeat_interleave(G, dim=2), v.repeat_interleave(G, dim=2)
+    s = torch.einsum("bihd,bjhd->bhij", q, k) / D ** 0.5
+    i, j = torch.arange(S)[:, None], torch.arange(S)[None, :]
+    vis = j <= i
+    if window:
+        vis &= j > i - window
+    s = s.masked_fill(~vis, float("-inf"))
+    return torch.einsum("bhij,bjhd->bihd", torch.softmax(s, -1), v), torch.logsumexp(s, -1)
+
+
+def case(name, dtype, S0, T, K, B=2, H=4, HKV=2, D=8, window=None, layout="auto"):
+    S = S0 + K * T
+    g = torch.Generator().manual_seed(S0 * 7 + T)
+    q, k, v = (torch.randn(B, S, h, D, generator=g, dtype=torch.float64).to(dtype) for h in (H, HKV, HKV))
+    o_ref, lse_ref = reference(q.double(), k.double(), v.double(), window)
+    cache = ringattn.KVCache(B, H, HKV, D, dtype=dtype, layout=layout, window=window, capacity=S)
+    pos = cache.positions(S0)
+    o, lse = cache.prefill(q[:, pos], k[:, pos], v[:, pos], return_lse=True)
+    tol = 1e-10 if dtype == torch.float64 else 3e-4
+    peak = o_ref.abs().max().item()
+    err = (o.double() - o_ref[:, pos]).abs().max().item() / peak
+    err = max(err, (lse.double() - lse_ref[:, :, pos]).abs().max().item() / lse_ref.abs().max().item())
+    same = True
+    for j in range(K):
+        sl = slice(S0 + j * T, S0 + (j + 1) * T)
+        od, ld = cache.decode(q[:, sl], k[:, sl], v[:, sl], return_lse=True)
+        err = max(err, (od.double() - o_ref[:, sl]).abs().max().item() / peak)
+        err = max(err, (ld.double() - lse_ref[:, :, sl]).abs().max().item() / lse_ref.abs().max().item())
+        every = COMM.allgather(od.numpy().tobytes())
+        same = same and all(x == every[0] for x in every)
+    ok = COMM.allreduce(int(err <= tol and same and cache.length == S), op=MPI.MIN) == 1
+    if RANK == 0:
+        print(f"{'ok ' if ok else 'BAD'} N={N} {name}: max rel err {err:.2e} (tol {tol:.0e}), identical on every "
+              f"rank: {same}", flush=True)
+    return ok
+
+
+def raises(name, fn, needle):
+    try:
+        fn()
+        msg = None
+    except ValueError as e:
+        msg = str(e)
+    msgs = COMM.allgather(msg)
+    ok = all(m is not None and needle in m for m in msgs) and len(set(msgs)) == 1
+    if RANK == 0:
+        print(f"{'ok ' if ok else 'BAD'} N={N} raises: {name}: {msgs[0]!r}", flush=True)
+    return ok
+
+
+def main():
+    torch.set_num_threads(1)
+    good = [case("f64 GQA, T=4, zigzag", torch.float64, 37, 4, 3),
+            case("f32 window 6, T=1, striped", torch.float32, 29, 1, 5, window=6, layout="striped"),
+            case("bf16, T=2, contiguous", torch.bfloat16, 24, 2, 2, layout="contiguous")]
+    cache = ringattn.KVCache(1, 2, 1, 8, dtype=torch.float64, capacity=12)
+    pos = cache.positions(10)
+    x = torch.randn(1, 10, 2, 8, dtype=torch.float64)
+    kv = torch.randn(1, 10, 1, 8, dtype=torch.float64)
+    cache.prefill(x[:, pos], kv[:, pos], kv[:, pos])
+    t = lambda n, h, dt=torch.float64: torch.ones(1, n, h, 8, dtype=dt)
+    good += [raises("T = 0", lambda: cache.decode(t(0, 2), t(0, 1), t(0, 1)), "T = 0"),
+             raises("q differs on one rank", lambda: cache.decode(t(1, 2) * (2 if RANK == N - 1 else 1), t(1, 1),
+                                                                  t(1, 1)), "different q, k or v")
+             if N > 1 else True,
+             raises("over capacity", lambda: cache.decode(t(3, 2), t(3, 1), t(3, 1)), "capacity"),
+             raises("another dtype", lambda: cache.decode(t(1, 2, torch.float32), t(1, 1, torch.float32),
+                                                          t(1, 1, torch.float32)), "dtype")]
+    ok = all(good)
+    if RANK == 0:
+        print("all cases passed" if ok else "failures")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
