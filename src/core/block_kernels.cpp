@@ -1,15 +1,15 @@
 // The block kernels, written once against Highway and compiled for every SIMD target the build
 // has (SSE4, AVX2, AVX-512 (AVX3, AVX3_DL), NEON, SVE, EMU128); block_attention.cpp calls the
-// best one the CPU runs, or the one RINGATTN_SIMD names. The passes' parts are per-target headers:
+// best one the CPU runs, or the one RINGATTN_SIMD names. The sweeps' parts are per-target headers:
 // kernel_math-inl.hpp (exp, the softmax of a tile, operand copies) and tile_products-inl.hpp
 // (register blocking, the score and accumulate products).
 //
 // For one head group (b, g), with R query rows per chunk, TQ per tile, TK keys per tile:
 //   forward:  per chunk, Q' = alpha Q as A once (alpha = scale times log2 e);
 //             per K/V tile, K transposed and V copied as A once;
-//             per piece: pass 1 S = Q' K^T, the row max kept as it is stored;
-//                        pass 2 m' = max(m, rowmax), P = 2^(S - m'), l' = c l + sum P, c = 2^(m - m');
-//                        pass 3 O = c O + P V, the rescale applied as O is loaded to take the sum.
+//             per piece: sweep 1 S = Q' K^T, the row max kept as it is stored;
+//                        sweep 2 m' = max(m, rowmax), P = 2^(S - m'), l' = c l + sum P, c = 2^(m - m');
+//                        sweep 3 O = c O + P V, the rescale applied as O is loaded to take the sum.
 //   backward: per chunk, Q' and Q, dO as A; per K/V tile, K and V transposed, K copied as A;
 //             per piece: P = 2^(S - m) / l from the forward's own m and l (S recomputed bit for bit),
 //                        dV += P^T dO, dS = scale P o (dO V^T - delta) formed as it is stored,
@@ -17,7 +17,7 @@
 // Non-finite operands (NaN, +-inf in Q, K, V, dO) give what PyTorch's float64 autograd gives when each
 // query row's softmax runs over the keys that row sees: an output is non-finite exactly when it
 // depends, through a visible pair, on a non-finite value. Full pieces get that from IEEE arithmetic
-// as they are (every pair in them is visible) once a NaN or +inf row max stays NaN (pass 2) and the
+// as they are (every pair in them is visible) once a NaN or +inf row max stays NaN (sweep 2) and the
 // softmax of such a row is NaN (exp_tile's kNonFinite form, called only when a row max is NaN or
 // +inf). A partial piece also multiplies the zeros of its invisible pairs, and 0 * NaN would carry a
 // NaN to a row or key that never sees it: when a head group's operands (or its forward state) hold
@@ -46,6 +46,7 @@
 
 #include "core/kernel_math-inl.hpp"     // exp, the softmax of a tile, operand copies
 #include "core/tile_products-inl.hpp"  // register blocking, score and accumulate products
+#include "core/nonfinite-inl.hpp"      // the exact paths for non-finite operands
 #include "core/tile_walk.hpp"
 #include "ringattn/core/block_attention.hpp"
 #include "ringattn/core/simd.hpp"
@@ -53,81 +54,6 @@
 HWY_BEFORE_NAMESPACE();
 namespace ringattn::core::HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
-
-// ---- the exact paths for non-finite operands -----------------------------------------------------
-
-// The rows of a piece whose softmax is NaN although the row max does not say so get max NaN: a row
-// whose query holds a non-finite value and which sees a key here (no score of it is finite; PyTorch's
-// softmax of such a row is NaN even when every score is -inf), and a row whose max is -inf although
-// it holds a score other than -inf (a NaN that the vector max passed over). sees(i, j): row i sees
-// key j of the piece.
-template <class A, class Sees>
-void nan_rows(const A* Sc, Index lds, Index n, Index tk, const A* qs, Index D, A* rmax, Sees&& sees) {
-  constexpr A kNegInf = -std::numeric_limits<A>::infinity();
-  for (Index i = 0; i < n; ++i) {
-    bool nan = false;
-    if (rmax[i] == kNegInf)
-      for (Index j = 0; j < tk && !nan; ++j) nan = Sc[i * lds + j] != kNegInf;
-    if (!nan && !std::isnan(rmax[i]))
-      for (Index d = 0; d < D; ++d)
-        if (!std::isfinite(qs[i * D + d])) {
-          for (Index j = 0; j < tk && !nan; ++j) nan = sees(i, j);
-          break;
-        }
-    if (nan) rmax[i] = std::numeric_limits<A>::quiet_NaN();
-  }
-}
-
-// Pass 3 of a partial piece with non-finite operands: O = c O + P V over the visible pairs only, so
-// that an invisible key's non-finite V (times its P = 0) reaches no row that does not see it.
-template <class A, class Sees>
-void visible_accumulate(const A* P, Index n, Index ldp, Index tk, const A* V, Index ldv, Index D, const A* c, A* O,
-                        Index ldo, Sees&& sees) {
-  for (Index i = 0; i < n; ++i) {
-    A* o = O + i * ldo;
-    for (Index d = 0; d < D; ++d) o[d] *= c[i];
-    for (Index j = 0; j < tk; ++j) {
-      if (!sees(i, j)) continue;
-      const A pij = P[i * ldp + j];
-      const A* vj = V + j * ldv;
-      for (Index d = 0; d < D; ++d) o[d] = std::fma(pij, vj[d], o[d]);
-    }
-  }
-}
-
-// Passes 2-4 of the backward of a partial piece with non-finite operands or state, over the visible
-// pairs only: dV += P^T dO, dS = scale P o (dO V^T - delta), dQ += dS K, dK += dS^T Q. The visible
-// probabilities of a row whose forward went non-finite (l not finite) are NaN, as its softmax is.
-// P and dS are n x tk tiles of row stride ld; VT is V^T (row stride ld), the others rows of stride
-// ldd (dQ, dK, dV: D).
-template <class A, class Sees>
-void visible_backward(A* P, A* dS, Index n, Index tk, Index ld, const A* dO, const A* Q, const A* K, const A* VT,
-                      Index ldd, Index D, const A* l, const A* delta, A scale, A* dq, A* dk, A* dv, Sees&& sees) {
-  for (Index i = 0; i < n; ++i) {
-    const bool nan_row = !std::isfinite(l[i]);
-    for (Index j = 0; j < tk; ++j) {
-      A& p = P[i * ld + j];
-      if (!sees(i, j)) {
-        p = dS[i * ld + j] = A(0);
-        continue;
-      }
-      if (nan_row) p = std::numeric_limits<A>::quiet_NaN();
-      A dp = 0;
-      for (Index d = 0; d < D; ++d) dp = std::fma(dO[i * ldd + d], VT[d * ld + j], dp);
-      dS[i * ld + j] = scale * p * (dp - delta[i]);
-    }
-  }
-  for (Index i = 0; i < n; ++i)
-    for (Index j = 0; j < tk; ++j) {
-      if (!sees(i, j)) continue;
-      const A s = dS[i * ld + j], p = P[i * ld + j];
-      for (Index d = 0; d < D; ++d) {
-        dq[i * D + d] = std::fma(s, K[j * ldd + d], dq[i * D + d]);
-        dk[j * D + d] = std::fma(s, Q[i * ldd + d], dk[j * D + d]);
-        dv[j * D + d] = std::fma(p, dO[i * ldd + d], dv[j * D + d]);
-      }
-    }
-}
 
 // ---- the two kernels ------------------------------------------------------------------------------
 
@@ -168,7 +94,7 @@ Work forward_impl(const QueryShard<S>& q, const KVBlock<S>& kv, const Mask& mask
               A* Sc = ws.s.data();  // the scores, then the probabilities, of the piece
               A* rmax = ws.rowmax.data();
               A* c = ws.rowc.data();
-              // pass 1: S = Q' K^T; the row max as it is stored (a partial piece: after masking)
+              // sweep 1: S = Q' K^T; the row max as it is stored (a partial piece: after masking)
               if (cls == TileClass::partial) {
                 scores<Epilogue::store, A>(ws.qs.data() + (p.r0 - q0) * D, n, D, D, ws.kt.data() + k0, ldk, tk, Sc, lds,
                                         nullptr, nullptr, A(0), nullptr, nullptr);
@@ -183,7 +109,7 @@ Work forward_impl(const QueryShard<S>& q, const KVBlock<S>& kv, const Mask& mask
                 return cls != TileClass::partial || mask.visible(q.pos[(p.r0 + i) / G], kv.pos[p.c0 + j]);
               };
               if (nonfinite) nan_rows(Sc, lds, n, tk, ws.qs.data() + (p.r0 - q0) * D, D, rmax, sees);
-              // pass 2: m' = max(m, rowmax), P = 2^(S - m'), l' = c l + sum P, c = 2^(m - m')
+              // sweep 2: m' = max(m, rowmax), P = 2^(S - m'), l' = c l + sum P, c = 2^(m - m')
               A* m = mg + p.r0;
               A* l = lg + p.r0;
               A* m_new = ws.rowmax.data();  // the row max becomes the new running max
@@ -201,7 +127,7 @@ Work forward_impl(const QueryShard<S>& q, const KVBlock<S>& kv, const Mask& mask
               std::copy_n(m_new, n, m);
               pow_rows(c, n);
               for (Index i = 0; i < n; ++i) l[i] = c[i] * l[i] + ws.rowsum[i];
-              // pass 3: O = c O + P V
+              // sweep 3: O = c O + P V
               if (exact)
                 visible_accumulate(Sc, n, lds, tk, ws.vw.data() + k0 * ldv, ldv, D, c, ag + p.r0 * D, D, sees);
               else
@@ -255,7 +181,7 @@ Work backward_impl(const GradQueryShard<S>& gq, const KVBlock<S>& kv, const Mask
               A* dS = ws.p.data();
               const A* m = gq.m + ro + p.r0;
               const A* l = gq.l + ro + p.r0;
-              // pass 1: P = 2^(S - m) / l, with the forward's own m (S recomputed bit for bit, so
+              // sweep 1: P = 2^(S - m) / l, with the forward's own m (S recomputed bit for bit, so
               // S - m <= 0 and P <= 1 however large the logits) and l kept apart
               scores<Epilogue::store, A>(ws.qs.data() + i0 * D, n, D, D, ws.kt.data() + k0, ld, tk, P, ld, nullptr,
                                       nullptr, A(0), nullptr, nullptr);
@@ -275,13 +201,13 @@ Work backward_impl(const GradQueryShard<S>& gq, const KVBlock<S>& kv, const Mask
                 work.flops += 10.0 * double(n) * double(tk) * double(D);
                 return;
               }
-              // pass 2: dV += P^T dO
+              // sweep 2: dV += P^T dO
               A* dVp = dv + ko + p.c0 * D;
               accumulate<true, A>(P, tk, ld, n, dOc + i0 * ldd, ldd, D, nullptr, dVp, D);
-              // pass 3: dS = scale P o (dO V^T - delta), formed as it is stored
+              // sweep 3: dS = scale P o (dO V^T - delta), formed as it is stored
               scores<Epilogue::grad, A>(dOc + i0 * ldd, n, ldd, D, ws.vt.data() + k0, ld, tk, dS, ld, P,
                                      gq.delta + ro + p.r0, scale, nullptr, nullptr);
-              // pass 4: dQ += dS K, dK += dS^T Q
+              // sweep 4: dQ += dS K, dK += dS^T Q
               accumulate<false, A>(dS, n, ld, tk, K + k0 * ldd, ldd, D, nullptr, gq.dq + qo + p.r0 * D, D);
               accumulate<true, A>(dS, tk, ld, n, Qc + i0 * ldd, ldd, D, nullptr, dk + ko + p.c0 * D, D);
               work.flops += 10.0 * double(n) * double(tk) * double(D);
@@ -353,7 +279,7 @@ double fma_peak_impl(double seconds, bool sustained) {
   return flops / std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
 }
 
-// The three passes of one forward piece of the default tiles (kTileQ query rows against kTileK
+// The three sweeps of one forward piece of the default tiles (kTileQ query rows against kTileK
 // keys, head dim D) on warm operands, each timed on its own, the best of `reps`: what the kernels do
 // when nothing else touches the core or its caches. Scores are about N(0, 1), as for unit-variance Q
 // and K at the usual scale.

@@ -132,7 +132,7 @@ bool any_nonfinite(const T* x, Index n) {
   }
 }
 
-// ---- pass 2: the softmax of a tile ---------------------------------------------------------------
+// ---- sweep 2: the softmax of a tile ---------------------------------------------------------------
 
 // Row i of the n x tk tile S (row stride lds) becomes 2^(S - mref[i]), times w[i] when kScale;
 // sum[i] = the row's sum (before w) when sum is not null. A row with mref[i] = -inf sees no key:

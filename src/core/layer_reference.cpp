@@ -62,7 +62,7 @@ LayerResult reference_layer(const Shape& s, Index M, const Mask& mask, double sc
   expect_size(in.wo, HD * M, "wo");
   expect_size(in.dy, BS * M, "dy");
 
-  // pass 1: projections, [B*S, M] x [M, H*D] -> [B*S, H*D] = [B, S, H, D]
+  // step 1: projections, [B*S, M] x [M, H*D] -> [B*S, H*D] = [B, S, H, D]
   std::vector<double> q, k, v, dout;
   matmul(in.x, false, in.wq, false, BS, M, HD, q);
   matmul(in.x, false, in.wk, false, BS, M, KD, k);
@@ -70,11 +70,11 @@ LayerResult reference_layer(const Shape& s, Index M, const Mask& mask, double sc
   // dO = dY Wo^T needs only inputs; the attention reference takes it with q, k, v.
   matmul(in.dy, false, in.wo, true, BS, M, HD, dout);
 
-  // pass 2: attention (with RoPE on global positions 0..S-1; dq, dk come back unrotated)
+  // step 2: attention (with RoPE on global positions 0..S-1; dq, dk come back unrotated)
   const DenseResult att = rope_theta ? reference_attention_rope(s, mask, scale, *rope_theta, q, k, v, dout, backward)
                                      : reference_attention(s, mask, scale, q, k, v, dout, backward);
 
-  // pass 3: output projection Y = O Wo
+  // step 3: output projection Y = O Wo
   LayerResult r;
   matmul(att.o, false, in.wo, false, BS, HD, M, r.y);
   for (Index n = 0; n < BS * M; ++n) r.loss += in.dy[n] * r.y[n];

@@ -38,7 +38,7 @@ constexpr Index kTileQ = 128, kTileK = 256;
 // Bytes of the B operand a product keeps in L1 while the rows stream past (half of a 32 KiB L1).
 constexpr Index kPanelBytes = 16384;
 
-// ---- pass 1: score products ----------------------------------------------------------------------
+// ---- sweep 1: score products ----------------------------------------------------------------------
 
 enum class Epilogue { max, store, grad };
 
@@ -163,7 +163,7 @@ void scores(const A* Am, Index n, Index lda, Index depth, const A* BT, Index ldb
     for (Index i = 0; i < n; ++i) rmax[i] = hn::GetLane(hn::MaxOfLanes(d, hn::LoadU(d, vmax + i * N)));
 }
 
-// ---- pass 3 (and the backward's products): accumulate ----------------------------------------------
+// ---- sweep 3 (and the backward's products): accumulate ----------------------------------------------
 
 // MR rows and NV vectors of columns of O = c O + A B over `depth` (B rows of stride ldb): the
 // products are summed from zero in registers, then O is loaded, scaled and added in one FMA, so the

@@ -29,7 +29,7 @@ double fma_peak(DType t, double seconds = 0.2);
 double fma_sustained(DType t, double seconds);
 
 // One forward piece of the default tiles (a query tile against a K/V tile, head dim D) on warm
-// operands, its three passes timed apart, the best of `reps`, in seconds: the score product
+// operands, its three sweeps timed apart, the best of `reps`, in seconds: the score product
 // S = Q' K^T with its row max, the exponentials P = 2^(S - m) with their row sums, and the
 // accumulate O = c O + P V. Each product has `product_flops` (2 x rows x keys x D). What the kernels
 // do undisturbed, for benchmarks on machines whose other tenants make whole-run rates swing.
