@@ -60,7 +60,7 @@ class ThreadGroup final : public comm::Group {
   }
   void broadcast_bytes(std::span<std::byte> buf, int root) const override {
     post(buf);
-    std::memcpy(buf.data(), s_.slots[root].data(), buf.size());
+    if (!buf.empty()) std::memcpy(buf.data(), s_.slots[root].data(), buf.size());
     barrier();
   }
 

@@ -122,8 +122,9 @@ TEST(Layout, GroupedTakesTheUnionOfConsecutiveRanks) {
 }
 
 namespace {
-// A layout store like the simulation's: what keep() was given, by key.
-std::map<std::string, const void*> g_kept;
+// A layout store like the simulation's: what keep() was given, by key, kept for the life of the
+// process (as the simulation's store keeps it: never destroyed, so its tables stay reachable).
+std::map<std::string, const void*>& g_kept = *new std::map<std::string, const void*>;
 const void* find_kept(const std::string& key) {
   auto it = g_kept.find(key);
   return it == g_kept.end() ? nullptr : it->second;
@@ -132,7 +133,6 @@ void keep(const std::string& key, const void* tables) { g_kept[key] = tables; }
 }  // namespace
 
 TEST(Layout, EqualLayoutsShareTablesThroughTheStoreAndOnlyThey) {
-  g_kept.clear();
   set_layout_store({find_kept, keep});
   const Layout a = Layout::zigzag(64, 4), b = Layout::zigzag(64, 4);
   EXPECT_EQ(a.positions(1).data(), b.positions(1).data());  // one copy of the tables
