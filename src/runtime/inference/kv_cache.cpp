@@ -26,22 +26,28 @@ std::uint64_t digest(const void* p, std::size_t n, std::uint64_t h = 14695981039
   return h;
 }
 
+// The plan options of a causal prompt of `prompt_len` positions under the cache's options.
+PlanOptions prompt_options(const KVCacheOptions& o, Index prompt_len) {
+  PlanOptions p;
+  p.shape = core::Shape{o.batch, prompt_len, o.heads, o.kv_heads, o.head_dim};
+  p.dtype = o.dtype;
+  p.causal = true;
+  p.window = o.window;
+  p.layout = o.layout;
+  p.scale = o.scale;
+  p.timeout_s = o.timeout_s;
+  p.tiling = o.tiling;
+  p.backward = false;
+  return p;
+}
+
 }  // namespace
 
 template <class S>
 KVCacheShard<S>::KVCacheShard(const comm::Comm& comm, const KVCacheOptions& o, const OptionNames& names)
     : comm_(comm), o_(o), names_(names) {
   // The options' rules are the plan's: a plan of a one-position causal prompt checks them all.
-  PlanOptions p;
-  p.shape = core::Shape{o.batch, 1, o.heads, o.kv_heads, o.head_dim};
-  p.dtype = o.dtype;
-  p.causal = true;
-  p.window = o.window;
-  p.scale = o.scale;
-  p.timeout_s = o.timeout_s;
-  p.tiling = o.tiling;
-  p.backward = false;
-  const AttentionPlan plan = make_attention_plan(p, comm.size(), names);
+  const AttentionPlan plan = make_attention_plan(prompt_options(o, 1), comm.size(), names);
   if (plan.dtype != core::dtype_of<S>())
     throw InputError(fmt::format("KVCache: built for {} storage, not {}", core::dtype_name(core::dtype_of<S>()),
                                  core::dtype_name(plan.dtype)));
@@ -85,15 +91,7 @@ void KVCacheShard<S>::prefill(Index prompt_len, const S* q, const S* k, const S*
     if (o_.capacity && prompt_len > *o_.capacity)
       throw InputError(fmt::format("prefill: a prompt of {} positions is over the capacity of {}", prompt_len,
                                    *o_.capacity));
-    p.shape = core::Shape{s_.B, prompt_len, s_.H, s_.HKV, s_.D};
-    p.dtype = o_.dtype;
-    p.causal = true;
-    p.window = o_.window;
-    p.layout = o_.layout;
-    p.scale = o_.scale;
-    p.timeout_s = o_.timeout_s;
-    p.tiling = o_.tiling;
-    p.backward = false;
+    p = prompt_options(o_, prompt_len);
     plan = make_attention_plan(p, comm_.size(), names_);
   });
   agree_on_plan(comm_, plan_fields(plan, p, names_));
