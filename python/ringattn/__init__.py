@@ -9,9 +9,10 @@ Every rank of the communicator calls the same function at the same time with its
     o.sum().backward()                                                   # fills q.grad, k.grad, v.grad
 
 Shapes (L = len(pos)): q [B, L, H, D]; k, v [B, L, HKV, D]; O [B, L, H, D]; LSE [B, H, L].
-q, k, v are CPU tensors of one dtype: float32, float64, bfloat16 or float16. O and LSE are in
-float64 for float64 inputs and float32 otherwise (16-bit storage computes in float32); q.grad,
-k.grad, v.grad come in the inputs' dtype, as for any torch op. Contiguous tensors are read in
+q, k, v are CPU tensors of one dtype: float32, float64, bfloat16 or float16. O is computed in
+float64 for float64 inputs and float32 otherwise (16-bit storage computes in float32), then
+rounded once to the inputs' dtype (or to out_dtype), as for any torch op; LSE stays float64 or
+float32. q.grad, k.grad, v.grad come in the inputs' dtype. Contiguous tensors are read in
 place; others are made contiguous first.
 
 One rank's problem is every rank's error: a bad argument (of the wrong type, an unknown keyword,
@@ -45,6 +46,16 @@ _TORCH_NAME = {torch.float32: "float32", torch.float64: "float64", torch.bfloat1
 # storage dtype -> what O, LSE and the gradients are computed in
 _ACCUM = {"f32": torch.float32, "f64": torch.float64, "bf16": torch.float32, "f16": torch.float32}
 _STORAGE = {"float32": "f32", "float64": "f64", "bfloat16": "bf16", "float16": "f16"}
+
+
+def _out_dtype(x, inputs):
+    """The dtype O is returned in: out_dtype, or the inputs' dtype when None."""
+    if x is None:
+        return inputs
+    if x not in _TORCH_NAME:
+        raise InputError(f"out_dtype: {x!r} is not supported (expected None, torch.float32, torch.float64, "
+                         f"torch.bfloat16 or torch.float16)")
+    return x
 
 
 # ---- argument types: checked and converted here; what the values mean, the plan checks ----------
@@ -173,6 +184,7 @@ class _Prepared:
                 ulysses_degree=_int_or_none("ulysses_degree", args["ulysses_degree"], bits=31),
                 kv_head_group=_int_or_none("kv_head_group", args["kv_head_group"], bits=31),
                 timeout=_number_or_none("timeout", args["timeout"]))
+            self.out_dtype = _out_dtype(args.get("out_dtype"), q.dtype if isinstance(q, torch.Tensor) else None)
         except InputError as e:
             self.error = self.error or str(e)
         self.tensors = None
@@ -185,7 +197,11 @@ class _Prepared:
             qc, kc, vc = _contiguous(q), _contiguous(k), _contiguous(v)
             B, L, H, D = qc.shape
             acc = _ACCUM[_STORAGE[self.dtypes[0]]]
-            self.tensors = (qc, kc, vc, torch.empty((B, L, H, D), dtype=acc), torch.empty((B, H, L), dtype=acc))
+            o = torch.empty((B, L, H, D), dtype=acc)
+            # O as returned: the computed O rounded once (to nearest even, as .to() does) when the
+            # dtypes differ; allocated here so that nothing after the agreement fails on one rank
+            out = o if self.out_dtype == acc else torch.empty((B, L, H, D), dtype=self.out_dtype)
+            self.tensors = (qc, kc, vc, o, torch.empty((B, H, L), dtype=acc), out)
         except Exception as e:  # out of memory, most likely: every rank raises it
             self.error, self.failure = _failure("preparing q, k, v and the outputs", e, self.comm), True
 
@@ -259,15 +275,17 @@ class _AttentionFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, prepared):
         call = prepared.call()  # collective: raises this rank's error, or a peer's, on every rank
-        qc, kc, vc, o, lse = prepared.tensors
+        qc, kc, vc, o, lse, out = prepared.tensors
         call.forward(qc.data_ptr(), kc.data_ptr(), vc.data_ptr(), o.data_ptr(), lse.data_ptr())
+        if out is not o:
+            out.copy_(o)
         ctx.call, ctx.prepared = call, prepared.without_tensors()
         ctx.mark_non_differentiable(lse)
         # q, k, v as autograd keeps inputs: freed with the graph (a later backward then gets
         # autograd's own error, which names retain_graph), checked against in-place changes, and
         # there to compute the forward again for a second backward through a retained graph.
         ctx.save_for_backward(q, k, v)
-        return o, lse
+        return out, lse
 
     @staticmethod
     @once_differentiable
@@ -278,7 +296,7 @@ class _AttentionFunction(torch.autograd.Function):
             # freed the distributed state, so every rank runs its forward again (collective)
             again = _Prepared(q, k, v, ctx.prepared.args, ctx.prepared.comm)
             call = again.call()
-            qc, kc, vc, o, lse = again.tensors
+            qc, kc, vc, o, lse, _ = again.tensors
             call.forward(qc.data_ptr(), kc.data_ptr(), vc.data_ptr(), o.data_ptr(), lse.data_ptr())
         acc = _ACCUM[call.dtype]
         try:
@@ -295,12 +313,13 @@ class _AttentionFunction(torch.autograd.Function):
 @_agreed_signature
 def attention_lse(q, k, v, *, seq_len=None, causal=False, window=None, doc_lens=None, layout="auto",
                   partition=None, scale=None, rope=None, strategy="ring", ulysses_degree=None, kv_head_group=None,
-                  comm=None, timeout=None):
+                  comm=None, timeout=None, out_dtype=None):
     """(O, LSE) of this rank's shard; arguments as attention(). LSE [B, H, L] (natural log) is
-    not differentiable."""
+    not differentiable; it is float64 for float64 inputs and float32 otherwise, whatever out_dtype."""
     p = _Prepared(q, k, v, dict(seq_len=seq_len, causal=causal, window=window, doc_lens=doc_lens, layout=layout,
                                 partition=partition, scale=scale, rope=rope, strategy=strategy,
-                                ulysses_degree=ulysses_degree, kv_head_group=kv_head_group, timeout=timeout), comm)
+                                ulysses_degree=ulysses_degree, kv_head_group=kv_head_group, timeout=timeout,
+                                out_dtype=out_dtype), comm)
     if p.tensors is None:  # this rank's error, or q, k, v it could not read
         p.call()  # raises it, or a peer's, on every rank, before autograd sees the inputs
         raise AssertionError("ringattn: the ranks agreed on a call this rank cannot make")  # not reached
@@ -310,7 +329,7 @@ def attention_lse(q, k, v, *, seq_len=None, causal=False, window=None, doc_lens=
 @_agreed_signature
 def attention(q, k, v, *, seq_len=None, causal=False, window=None, doc_lens=None, layout="auto", partition=None,
               scale=None, rope=None, strategy="ring", ulysses_degree=None, kv_head_group=None, comm=None,
-              timeout=None):
+              timeout=None, out_dtype=None):
     """This rank's O [B, L, H, D] of softmax(scale * q k^T + mask) v over the whole sequence.
 
     q [B, L, H, D], k, v [B, L, HKV, D]: this rank's shard, its L positions given by
@@ -331,12 +350,17 @@ def attention(q, k, v, *, seq_len=None, causal=False, window=None, doc_lens=None
     timeout: seconds any rank may wait for its peers in this call and its backward before the
       whole job ends with one line naming the step (exit 3); None: the command line's default
       (300 s and more for large shapes); 0: no watchdog. Every rank must give the same.
+    out_dtype: the dtype of the returned O; None: the inputs' dtype. O is computed and accumulated
+      in float64 for float64 inputs and float32 otherwise, then rounded once to out_dtype (to
+      nearest even, as .to() does): torch.float32 keeps the float32 result of 16-bit inputs.
+      torch.float32, float64, bfloat16 or float16; anything else raises InputError on every rank.
     O is differentiable once: its backward runs the distributed backward (collective over comm)
     and fills q.grad, k.grad, v.grad; differentiating those again raises.
     """
     o, _ = attention_lse(q, k, v, seq_len=seq_len, causal=causal, window=window, doc_lens=doc_lens,
                          layout=layout, partition=partition, scale=scale, rope=rope, strategy=strategy,
-                         ulysses_degree=ulysses_degree, kv_head_group=kv_head_group, comm=comm, timeout=timeout)
+                         ulysses_degree=ulysses_degree, kv_head_group=kv_head_group, comm=comm, timeout=timeout,
+                         out_dtype=out_dtype)
     return o
 
 
@@ -350,11 +374,13 @@ class KVCache:
       their K/V go to the ranks that own their positions, every rank attends the T queries to its
       shard, and one all-gather merges the partial softmax states in float32 or float64: every rank
       returns the same O [B, T, H, D], bit for bit (and LSE [B, H, T] with return_lse=True).
-    O and LSE are float64 for a float64 cache and float32 otherwise. No autograd: this is inference.
+    O is computed in float64 for a float64 cache and float32 otherwise, and returned in the cache's
+    dtype (rounded once, as attention() does) or in out_dtype; LSE stays float64 or float32. No
+    autograd: this is inference.
     """
 
     def __init__(self, batch, heads, kv_heads, head_dim, *, dtype=torch.float32, layout="auto", window=None,
-                 scale=None, capacity=None, comm=None, timeout=None):
+                 scale=None, capacity=None, comm=None, timeout=None, out_dtype=None):
         if comm is None:
             comm = MPI.COMM_WORLD
         if not isinstance(comm, MPI.Comm):
@@ -363,6 +389,7 @@ class KVCache:
             raise InputError(f"dtype: {dtype} is not supported (expected float32, float64, bfloat16 or float16)")
         self._dtype = dtype
         self._acc = _ACCUM[_STORAGE[_TORCH_NAME[dtype]]]
+        self._out = _out_dtype(out_dtype, dtype)
         self._shape = (_int("batch", batch), _int("heads", heads), _int("kv_heads", kv_heads),
                        _int("head_dim", head_dim))
         self._c = _KVCache(comm, *self._shape, _STORAGE[_TORCH_NAME[dtype]], _name("layout", layout),
@@ -402,6 +429,7 @@ class KVCache:
         o = torch.empty((B, L, H, D), dtype=self._acc)
         lse = torch.empty((B, H, L), dtype=self._acc)
         self._c.prefill(S0, q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), lse.data_ptr())
+        o = o.to(self._out)
         return (o, lse) if return_lse else o
 
     def decode(self, q, k, v, *, return_lse=False):
@@ -411,4 +439,5 @@ class KVCache:
         o = torch.empty((B, T, H, D), dtype=self._acc)
         lse = torch.empty((B, H, T), dtype=self._acc)
         self._c.decode(T, q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), lse.data_ptr())
+        o = o.to(self._out)
         return (o, lse) if return_lse else o

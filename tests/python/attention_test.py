@@ -6,7 +6,10 @@
 Every rank builds the whole q, k, v, dO from one seed, computes the reference (float64 autograd
 over the whole sequence, mask materialised, no code shared with ringattn) and slices it to its
 own positions; it runs ringattn.attention on its shard and compares O, LSE, dq, dk, dv.
-Tolerances relative to max |ref|: f64 1e-10, f32 3e-4. Then the bad arguments: each must raise
+Tolerances relative to max |ref|: f64 1e-10, f32 3e-4. bf16 and f16 inputs give O in their own
+dtype: it must be the float32 O (out_dtype=torch.float32, checked at 3e-4) rounded once, bit for
+bit as torch's .to() rounds it, and within one ulp of torch's rounding of the float64 reference;
+its backward takes the 16-bit gradient autograd gives it. Then the bad arguments: each must raise
 ringattn.InputError with the same message on every rank, and the next call must still work.
 Exit 0 only when every case passes on every rank.
 """
@@ -28,6 +31,7 @@ TOL = {torch.float64: 1e-10, torch.float32: 3e-4, torch.bfloat16: 3e-4, torch.fl
 # (at most bf16 2^-8, f16 2^-11 of the value) on top.
 TOL_GRAD = {**TOL, torch.bfloat16: 2.0 ** -8 + 3e-4, torch.float16: 2.0 ** -11 + 3e-4}
 ACCUM = {torch.float64: torch.float64}  # otherwise float32
+MANTISSA = {torch.bfloat16: (7, -126), torch.float16: (10, -14)}  # fraction bits, smallest normal exponent
 COMM = MPI.COMM_WORLD
 RANK, N = COMM.rank, COMM.size
 
@@ -75,6 +79,17 @@ def reference(q, k, v, causal=False, window=None, doc_lens=None, scale=None, rop
 
 # ---- one case ---------------------------------------------------------------------------------
 
+def ulps(x, ref):
+    """max |x - r| in units of r's ulp, r = ref rounded by torch to x's 16-bit dtype."""
+    if x.numel() == 0:
+        return 0.0
+    bits, emin = MANTISSA[x.dtype]
+    r = ref.to(x.dtype).double()
+    _, e = torch.frexp(r)  # r = m 2^e, 0.5 <= |m| < 1: r's exponent is e - 1 (zero: e = 0)
+    ulp = torch.ldexp(torch.ones_like(r), (torch.clamp(e - 1, min=emin) - bits).double())
+    return ((x.double() - r).abs() / ulp).max().item()
+
+
 def rel_error(x, ref):
     peak = ref.abs().max().item() if ref.numel() else 0.0
     if x.numel() == 0:
@@ -86,7 +101,7 @@ def rel_error(x, ref):
 def run_case(name, *, S, B=1, H=2, HKV=None, D=8, dtype=torch.float64, layout="contiguous",
              partition=None, causal=False, window=None, doc_lens=None, scale=None, rope=None,
              strategy="ring", ulysses_degree=None, comm=COMM, noncontiguous=False, seed=0, expect_reuse=None,
-             hold_plan_on=None, layout_in_call=True):
+             hold_plan_on=None, layout_in_call=True, out_dtype=None):
     HKV = HKV or H
     g = torch.Generator().manual_seed(seed)
     full = [torch.randn(B, S, h, D, generator=g, dtype=torch.float64).to(dtype).double()
@@ -108,6 +123,8 @@ def run_case(name, *, S, B=1, H=2, HKV=None, D=8, dtype=torch.float64, layout="c
     args = dict(seq_len=S, causal=causal, window=window, doc_lens=doc_lens, layout=layout,
                 partition=partition, scale=scale, rope=rope, strategy=strategy, ulysses_degree=ulysses_degree,
                 comm=comm)
+    if out_dtype is not None:
+        args["out_dtype"] = out_dtype
     if not layout_in_call:  # attention()'s default layout must be the one the positions came from
         del args["layout"]
     busy = None
@@ -118,17 +135,26 @@ def run_case(name, *, S, B=1, H=2, HKV=None, D=8, dtype=torch.float64, layout="c
     reused = _ringattn.plans_reused()
     o, lse = ringattn.attention_lse(q, k, v, **args)
     reused = _ringattn.plans_reused() - reused
-    assert o.dtype == ACCUM.get(dtype, torch.float32) and o.shape == q.shape, (o.dtype, o.shape)
-    (o * mine(dof)).sum().backward()
+    assert o.dtype == (out_dtype or dtype) and o.shape == q.shape, (o.dtype, o.shape)
+    assert lse.dtype == ACCUM.get(dtype, torch.float32), lse.dtype
+    o32 = None
+    if o.dtype in MANTISSA:  # the same call's float32 O, to check the one rounding against
+        o32 = ringattn.attention(*(t.detach() for t in (q, k, v)), **dict(args, out_dtype=torch.float32))
+    (o * mine(dof)).sum().backward()  # the gradient arrives in O's dtype
     errs = {
-        "o": rel_error(o.detach(), o_ref.detach()[:, pos]),
+        "o": rel_error(o.detach() if o32 is None else o32, o_ref.detach()[:, pos]),
         "lse": rel_error(lse, lse_ref.detach()[:, :, pos]),
         "dq": rel_error(q.grad, qf.grad[:, pos]),
         "dk": rel_error(k.grad, kf.grad[:, pos]),
         "dv": rel_error(v.grad, vf.grad[:, pos]),
     }
-    worst = comm.allreduce(max(e / (TOL[dtype] if n in ("o", "lse") else TOL_GRAD[dtype])
-                               for n, e in errs.items()), op=MPI.MAX)  # in units of the tolerance
+    worst = max(e / (TOL[dtype] if n in ("o", "lse") else TOL_GRAD[dtype]) for n, e in errs.items())
+    o_ulps = None
+    if o32 is not None:  # O rounded once from float32, and within one ulp of the reference's rounding
+        same_bits = torch.equal(o.detach().view(torch.int16), o32.to(o.dtype).view(torch.int16))
+        o_ulps = comm.allreduce(ulps(o.detach(), o_ref.detach()[:, pos]) if same_bits else math.inf, op=MPI.MAX)
+        worst = max(worst, o_ulps)
+    worst = comm.allreduce(worst, op=MPI.MAX)  # in units of the tolerance
     ok = worst <= 1
     if expect_reuse is not None:  # every rank reused the kept plan, or none did
         reuse_ok = comm.allreduce(int((reused > 0) == expect_reuse), op=MPI.MIN) == 1
@@ -139,7 +165,8 @@ def run_case(name, *, S, B=1, H=2, HKV=None, D=8, dtype=torch.float64, layout="c
         if strategy != "ring":
             name = f"{strategy}{f' U={ulysses_degree}' if ulysses_degree else ''}: {name}"
         print(f"{'ok ' if ok else 'BAD'} N={comm.size} {name:<46} max rel error {worst:.3g} x tol "
-              f"({TOL[dtype]:.0e}; gradients {TOL_GRAD[dtype]:.1e})", flush=True)
+              f"({TOL[dtype]:.0e}; gradients {TOL_GRAD[dtype]:.1e})"
+              + ("" if o_ulps is None else f"; {str(o.dtype)[6:]} O {o_ulps:.3g} ulp"), flush=True)
     return ok
 
 
@@ -178,6 +205,11 @@ def cases():
                 (f"{layout} documents window 4 {tag}",
                  dict(S=22, H=2, D=8, layout=layout, window=4, doc_lens=[12, 10], dtype=dtype)),
             ]
+        out.append((f"zigzag causal {tag} out_dtype float32",
+                    dict(S=26, B=2, H=4, HKV=2, D=8, layout="zigzag", causal=True, dtype=dtype,
+                         out_dtype=torch.float32)))
+    out.append(("contiguous causal f32 out_dtype float64",
+                dict(S=21, H=2, D=8, causal=True, dtype=torch.float32, out_dtype=torch.float64)))
     return out
 
 
@@ -253,6 +285,10 @@ def bad_argument_cases():
         ("bf16 with rope",
          lambda: ringattn.attention(*(t(L, H, torch.bfloat16),) * 3, seq_len=S, rope=10000.0),
          "rope: not supported with dtype bf16"),
+        ("out_dtype not a float dtype (last rank)",
+         lambda: ringattn.attention(t(L, H), t(L, H), t(L, H), seq_len=S,
+                                    out_dtype=torch.int32 if RANK == last else None),
+         "out_dtype: torch.int32 is not supported"),
         ("integer tensors",
          lambda: ringattn.attention(*(torch.zeros(1, L, H, D, dtype=torch.int64),) * 3, seq_len=S),
          "not supported"),

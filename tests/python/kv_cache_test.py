@@ -7,7 +7,9 @@ Every rank builds the whole q, k, v of S0 + K T positions from one seed; it pref
 the prompt (the positions KVCache.positions lists) and decodes K steps of T tokens (the same on
 every rank). The prompt's O and LSE of its positions, and every step's O and LSE, must equal the
 rows of dense causal (windowed) attention computed here in float64: f64 within 1e-10, f32 3e-4 of
-max |ref|; every rank's decode O must be bit for bit the same. Then the bad calls: T = 0, a step
+max |ref| (a bf16 cache's O asked for in float32 with out_dtype); every rank's decode O must be bit
+for bit the same. A bf16 cache returns O in bf16 by default: the float32 O rounded once, bit for
+bit as torch's .to() rounds it. Then the bad calls: T = 0, a step
 whose q differs on one rank, a cache over its capacity, a dtype that is not the cache's, each one
 error on every rank.
 """
@@ -40,7 +42,8 @@ def case(name, dtype, S0, T, K, B=2, H=4, HKV=2, D=8, window=None, layout="auto"
     g = torch.Generator().manual_seed(S0 * 7 + T)
     q, k, v = (torch.randn(B, S, h, D, generator=g, dtype=torch.float64).to(dtype) for h in (H, HKV, HKV))
     o_ref, lse_ref = reference(q.double(), k.double(), v.double(), window)
-    cache = ringattn.KVCache(B, H, HKV, D, dtype=dtype, layout=layout, window=window, capacity=S)
+    cache = ringattn.KVCache(B, H, HKV, D, dtype=dtype, layout=layout, window=window, capacity=S,
+                             out_dtype=torch.float64 if dtype == torch.float64 else torch.float32)
     pos = cache.positions(S0)
     o, lse = cache.prefill(q[:, pos], k[:, pos], v[:, pos], return_lse=True)
     tol = 1e-10 if dtype == torch.float64 else 3e-4
@@ -62,6 +65,24 @@ def case(name, dtype, S0, T, K, B=2, H=4, HKV=2, D=8, window=None, layout="auto"
     return ok
 
 
+def rounding(name, dtype, S0=19, T=3, B=1, H=2, HKV=1, D=8):
+    """O of a 16-bit cache in its dtype (the default) is the float32 O rounded once."""
+    g = torch.Generator().manual_seed(S0)
+    q, k, v = (torch.randn(B, S0 + T, h, D, generator=g).to(dtype) for h in (H, HKV, HKV))
+    outs = []
+    for out_dtype in (None, torch.float32):
+        cache = ringattn.KVCache(B, H, HKV, D, dtype=dtype, out_dtype=out_dtype)
+        pos = cache.positions(S0)
+        outs += [cache.prefill(q[:, pos], k[:, pos], v[:, pos]), cache.decode(q[:, S0:], k[:, S0:], v[:, S0:])]
+    ok = all(o.dtype == dtype for o in outs[:2]) and all(o.dtype == torch.float32 for o in outs[2:]) \
+        and all(torch.equal(a.view(torch.int16), b.to(dtype).view(torch.int16)) for a, b in zip(outs[:2], outs[2:]))
+    ok = COMM.allreduce(int(ok), op=MPI.MIN) == 1
+    if RANK == 0:
+        print(f"{'ok ' if ok else 'BAD'} N={N} {name}: prefill and decode O in {dtype}, the float32 O rounded once",
+              flush=True)
+    return ok
+
+
 def raises(name, fn, needle):
     try:
         fn()
@@ -79,7 +100,8 @@ def main():
     torch.set_num_threads(1)
     good = [case("f64 GQA, T=4, zigzag", torch.float64, 37, 4, 3),
             case("f32 window 6, T=1, striped", torch.float32, 29, 1, 5, window=6, layout="striped"),
-            case("bf16, T=2, contiguous", torch.bfloat16, 24, 2, 2, layout="contiguous")]
+            case("bf16, T=2, contiguous", torch.bfloat16, 24, 2, 2, layout="contiguous"),
+            rounding("bf16 O", torch.bfloat16), rounding("f16 O", torch.float16)]
     cache = ringattn.KVCache(1, 2, 1, 8, dtype=torch.float64, capacity=12)
     pos = cache.positions(10)
     x = torch.randn(1, 10, 2, 8, dtype=torch.float64)

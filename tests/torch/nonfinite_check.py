@@ -174,7 +174,8 @@ def worker():
                         pos = torch.from_numpy(ringattn.positions(S, N, rank, layout))
                         q, k, v = (t[n][:, pos].to(dtype).requires_grad_(True) for n in ("q", "k", "v"))
                         o, lse = ringattn.attention_lse(q, k, v, seq_len=S, causal=causal, layout=layout,
-                                                        strategy=strategy, ulysses_degree=U, comm=comm)
+                                                        strategy=strategy, ulysses_degree=U, comm=comm,
+                                                        out_dtype=torch.float32 if dtype == torch.bfloat16 else None)
                         torch.autograd.backward(o, t["dout"][:, pos].to(o.dtype))
                         ours = {"o": o.detach(), "lse": lse.detach(), "dq": q.grad, "dk": k.grad, "dv": v.grad}
                         mine = {"o": ref["o"][:, pos], "lse": ref["lse"][:, :, pos], "dq": ref["dq"][:, pos],
