@@ -4,9 +4,11 @@
 // all-to-alls inside them); repeated runs agree bit for bit.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <utility>
 
 #include "ringattn/comm/comm.hpp"
 #include "ringattn/core/head_split.hpp"
@@ -68,20 +70,53 @@ Ledger expected(const Layout& layout, const Shape& s, int U, int r, const Mask& 
   return l;
 }
 
-// The all-gather strategy's closed form, per pass: every rank receives every other rank's K/V,
-// e (S - L_r) elements with e = 2 B HKV D, whatever the group size; the reduce-scatter sends each
-// contribution for another rank's positions, e (S - L_r), and receives (N - 1) e L_r.
-Ledger expected_allgather(const Layout& layout, const Shape& s, int r, int G, Index es, Index ea) {
-  const Index N = layout.ranks(), L = layout.size(r), e = 2 * s.B * s.HKV * s.D;
+// What rank r gathers of owner q's positions, counted pair by pair: the smallest range of q's
+// local indices holding every key some query of r sees ([0, 0) when none).
+std::pair<Index, Index> needed(const Layout& layout, const Mask& mask, int r, int q) {
+  const auto qp = layout.positions(r), kp = layout.positions(q);
+  Index lo = Index(kp.size()), hi = 0;
+  for (Index j = 0; j < Index(kp.size()); ++j)
+    for (Index i : qp)
+      if (mask.visible(i, kp[j])) {
+        lo = std::min(lo, j), hi = std::max(hi, j + 1);
+        break;
+      }
+  return hi > lo ? std::pair{lo, hi} : std::pair{Index(0), Index(0)};
+}
+
+// The all-gather strategy's ledger, per pass, from the positions each rank gathers: with a window
+// or documents that leave some rank short of some block, rank r receives e |need(r, q)| of each
+// other rank q (e = 2 B HKV D) and sends e |need(q, r)|; otherwise every rank receives every other
+// rank's K/V, e (S - L_r), whatever the group size. The reduce-scatter returns what was gathered:
+// it sends the received elements back (in the accumulation type) and receives what it sent.
+Ledger expected_allgather(const Layout& layout, const Mask& mask, const Shape& s, int r, int G, Index es,
+                          Index ea) {
+  const int N = layout.ranks();
+  const Index L = layout.size(r), e = 2 * s.B * s.HKV * s.D;
+  bool sliced = false;
+  if (mask.window() > 0 || mask.has_docs())
+    for (int a = 0; a < N; ++a)
+      for (int q = 0; q < N; ++q) {
+        const auto [lo, hi] = needed(layout, mask, a, q);
+        sliced = sliced || hi - lo < layout.size(q);
+      }
+  Index recv = 0, sent = 0;  // positions, over the other ranks
+  for (int q = 0; q < N; ++q) {
+    if (q == r) continue;
+    const auto [rlo, rhi] = sliced ? needed(layout, mask, r, q) : std::pair{Index(0), layout.size(q)};
+    const auto [slo, shi] = sliced ? needed(layout, mask, q, r) : std::pair{Index(0), L};
+    recv += rhi - rlo;
+    sent += shi - slo;
+  }
   Ledger l;
   l.resident_qkv_elems = s.B * L * (s.H + 2 * s.HKV) * s.D;
   l.online_state_elems = L * s.B * s.H * (s.D + 2);
-  l.remote_block_elems = 2 * s.B * G * s.D * (s.S - L);
-  l.ag_fwd_recv_elems = l.ag_bwd_recv_elems = e * (s.S - L);
-  l.rs_bwd_send_elems = e * (s.S - L);
-  l.rs_bwd_recv_elems = (N - 1) * e * L;
-  l.send_bytes = 2 * (N - 1) * e * L * es + e * (s.S - L) * ea;
-  l.recv_bytes = 2 * e * (s.S - L) * es + (N - 1) * e * L * ea;
+  l.remote_block_elems = 2 * s.B * G * s.D * recv;
+  l.ag_fwd_recv_elems = l.ag_bwd_recv_elems = e * recv;
+  l.rs_bwd_send_elems = e * recv;
+  l.rs_bwd_recv_elems = e * sent;
+  l.send_bytes = 2 * e * sent * es + e * recv * ea;
+  l.recv_bytes = 2 * e * recv * es + e * sent * ea;
   return l;
 }
 
@@ -112,7 +147,7 @@ Run<T> run(const Case& c, StrategyKind kind, int U, int G = 1) {
   out.ledger = strategy->ledger();
   const int Ueff = runtime::ulysses_degree(kind, U, comm.size());
   const Ledger want = kind == StrategyKind::allgather
-                          ? expected_allgather(pb.layout, s, r, G, Index(sizeof(T)), Index(sizeof(A)))
+                          ? expected_allgather(pb.layout, pb.mask, s, r, G, Index(sizeof(T)), Index(sizeof(A)))
                           : expected(pb.layout, s, Ueff, r, pb.mask, Index(sizeof(T)), Index(sizeof(A)));
   EXPECT_EQ(out.ledger, want) << "rank " << r << "\n counted:  " << out.ledger.str() << "\n expected: " << want.str();
   return out;
@@ -131,6 +166,9 @@ std::vector<Case> cases() {
       {"causal_striped_mqa", Shape{1, 2 * N - 1, N, 1, 4}, LayoutKind::striped, true},  // kv heads replicated
       {"window_contiguous", Shape{1, 3 * N, 2 * N, 2, 4}, LayoutKind::contiguous, true, 3},
       {"documents_striped", Shape{1, 2 * N + 2, N, N, 4}, LayoutKind::striped, true, 0, {N, 0, 2, N}},
+      {"window_documents_zigzag", Shape{1, 4 * N + 1, 2, 2, 4}, LayoutKind::zigzag, true, 3, {N + 1, 0, 3 * N}},
+      {"documents_noncausal_contiguous", Shape{1, 3 * N + 2, 2, 1, 4}, LayoutKind::contiguous, false, 0,
+       {2, N, 2 * N}},
       {"seq_below_ranks", Shape{1, N / 2 + 1, N, 1, 4}, LayoutKind::contiguous, true},
       {"partition_empty_shards", Shape{1, 11, N, N, 4}, LayoutKind::contiguous, true, 0, {}, part},
   };
@@ -230,16 +268,51 @@ TEST(AllGather, ReceivesTheClosedForm) {
   }
 }
 
+// A causal window of W on even contiguous shards of 4: rank r gathers only the W - 1 positions
+// before its first, e min(W - 1, 4 r) elements per pass, and returns dK/dV for them alone.
+TEST(AllGather, WindowGathersOnlyTheKeysItsRowsSee) {
+  const Index N = world().size(), r = world().rank(), W = 6;
+  const Shape s{2, 4 * N, 4, 2, 4};
+  for (int G : {1, 2}) {
+    SCOPED_TRACE("G=" + std::to_string(G));
+    const Case c{"window", s, LayoutKind::contiguous, true, W};
+    const auto out = run<double>(c, StrategyKind::allgather, 0, G);
+    EXPECT_LE(out.err.max(), 1e-12);
+    const Index e = 2 * s.B * s.HKV * s.D;
+    EXPECT_EQ(out.ledger.ag_fwd_recv_elems, e * std::min(W - 1, 4 * r));
+    EXPECT_EQ(out.ledger.ag_bwd_recv_elems, e * std::min(W - 1, 4 * r));
+    EXPECT_EQ(out.ledger.rs_bwd_send_elems, e * std::min(W - 1, 4 * r));
+    // What the ranks after r need of its 4 positions: all of them (r + 1), the last one (r + 2).
+    const Index given = (r + 1 < N ? 4 : 0) + (r + 2 < N ? 1 : 0);
+    EXPECT_EQ(out.ledger.rs_bwd_recv_elems, e * given);
+  }
+}
+
+// Packed documents, causal, contiguous: rank r gathers the part of its first document that lies
+// before its shard, nothing else.
+TEST(AllGather, DocumentsGatherOnlyTheirOwnStart) {
+  const Index N = world().size(), r = world().rank();
+  const Shape s{1, 3 * N, 2, 2, 4};
+  const std::vector<Index> docs{N + 1, 2 * N - 1};  // a boundary inside rank N / 3's shard
+  const Case c{"documents", s, LayoutKind::contiguous, true, 0, docs};
+  const auto out = run<double>(c, StrategyKind::allgather, 0, 1);
+  EXPECT_LE(out.err.max(), 1e-12);
+  const Index first = 3 * r, start = first < N + 1 ? 0 : N + 1;  // its first position's document
+  EXPECT_EQ(out.ledger.ag_fwd_recv_elems, 2 * s.B * s.HKV * s.D * (N > 1 ? first - start : 0));
+}
+
 // A fixed order of blocks and of summing the contributions: the same bits twice, for each G.
 TEST(AllGather, ResultsAreBitwiseReproducible) {
   const int N = world().size();
-  const Case c{"repro", Shape{1, 4 * N + 3, 4, 2, 8}, LayoutKind::zigzag, true};
-  for (int G : {1, 2}) {
-    SCOPED_TRACE("G=" + std::to_string(G));
-    const auto a = run<float>(c, StrategyKind::allgather, 0, G), b = run<float>(c, StrategyKind::allgather, 0, G);
-    ASSERT_EQ(a.out.size(), b.out.size());
-    EXPECT_EQ(std::memcmp(a.out.data(), b.out.data(), a.out.size() * sizeof(float)), 0);
-  }
+  const Case full{"repro", Shape{1, 4 * N + 3, 4, 2, 8}, LayoutKind::zigzag, true};
+  const Case sliced{"repro_window", Shape{1, 4 * N + 3, 4, 2, 8}, LayoutKind::contiguous, true, 5};
+  for (const Case& c : {full, sliced})
+    for (int G : {1, 2}) {
+      SCOPED_TRACE(c.name + " G=" + std::to_string(G));
+      const auto a = run<float>(c, StrategyKind::allgather, 0, G), b = run<float>(c, StrategyKind::allgather, 0, G);
+      ASSERT_EQ(a.out.size(), b.out.size());
+      EXPECT_EQ(std::memcmp(a.out.data(), b.out.data(), a.out.size() * sizeof(float)), 0);
+    }
 }
 
 // usp with U = 1 is the ring: the same bits.

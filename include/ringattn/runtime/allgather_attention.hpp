@@ -14,6 +14,17 @@
 // Memory: two gathered groups (2 x 2 B G S D storage elements) and, in the backward, one group's
 // contributions for all S positions (2 B G S D accumulation elements).
 //
+// Sliced exchange: with a sliding window or documents, rank r's queries see only part of the
+// sequence. Every rank computes, from the layout and the mask alone, the range of each owner's
+// positions (local indices [lo, hi), the smallest range covering every key a query of r sees) that
+// rank r needs; when some rank needs less than everything, the gather becomes point-to-point
+// messages of exactly those slices (the next group's still in flight while this one is attended),
+// the blocks attended are the slices, and the reduce-scatter returns dK/dV for the slices only,
+// summed by the owner in source-rank order. Without a mask, or with a plain causal mask, every
+// rank's full all-gather is kept (the MPI collective): a causal contiguous layout would let rank r
+// skip the keys after its last query, but the busiest rank (r = N - 1 receives, r = 0 sends) moves
+// the same (N - 1) L as in the all-gather, and the default zigzag layout's rank 0 needs everything.
+//
 // Types: K/V travel in the storage type S; dK/dV contributions in A = accum_t<S>.
 #include <memory>
 #include <vector>
@@ -46,8 +57,17 @@ class AllGatherAttention final : public Strategy<S> {
     core::AlignedVector<S> q, dout;
     core::AlignedVector<A> m, l, acc, lse, delta, dq, dkv;
   };
-  core::Packing block_packing(int owner) const;  // group g's K/V block of `owner`
+  // What one rank needs of an owner's positions: local indices [lo, hi) of the owner's shard.
+  struct Range {
+    Index lo = 0, hi = 0;
+    Index size() const { return hi - lo; }
+  };
+  // Group g's K/V slice of `owner` as this rank gathers it (need_[owner] of its positions).
+  core::Packing block_packing(int owner) const;
   Index block_elems(int owner) const { return 2 * block_packing(owner).kv_elems(); }
+  // The same for the slice rank `peer` needs of this rank (give_[peer]).
+  Index give_elems(int peer) const { return 2 * s_.shape.B * G_ * give_[peer].size() * s_.shape.D; }
+  core::Packing own_packing() const;  // this rank's whole block: [B, G, L, D]
   // Starts group g's all-gather into gathered_[slot] (its own block packed from k_, v_ first);
   // returns the bytes it sends and receives.
   Index start_gather(int g, int slot, comm::Exchange& x, Pass pass);
@@ -58,11 +78,16 @@ class AllGatherAttention final : public Strategy<S> {
   StrategySetup s_;
   int r_, N_, G_, groups_;   // G kv heads per group, HKV / G groups
   Index L_;
-  std::vector<Index> displ_;  // [N + 1]: where owner q's block starts in a gathered group (elements)
+  bool sliced_ = false;       // point-to-point slices instead of the all-gather
+  std::vector<Range> need_;   // [N]: what this rank needs of owner q's positions
+  std::vector<Range> give_;   // [N]: what rank q needs of this rank's positions
+  std::vector<Index> displ_;  // [N + 1]: where owner q's slice starts in a gathered group (elements)
+  std::vector<Index> sdispl_; // [N + 1]: where peer q's slice starts in send_ (elements)
   core::Packing pq_;          // one group's query rows: [B, G, L, H/HKV, D]
   std::vector<S> q_file_, k_file_, v_file_, dout_file_;  // this rank's shard, file order
   std::vector<Group> g_;
   core::AlignedVector<S> own_block_;     // this rank's block of the group being gathered
+  core::AlignedVector<S> send_;          // sliced: every peer's slice of this rank's block
   core::AlignedVector<S> gathered_[2];   // two groups' K/V of every rank
   core::AlignedVector<A> contrib_;       // backward: one group's dK/dV for all S positions, rank-major
   core::AlignedVector<A> returned_;      // backward: every rank's contribution to this rank's block

@@ -11,13 +11,19 @@ namespace ringattn::runtime {
 
 namespace {
 
-// Heads [h0, h0 + p.H()) of file-order [B, L, H, D] into the packing p, and back.
+// Heads [h0, h0 + p.H()) of rows [i0, i0 + p.L) of file-order [B, Lf, H, D] into the packing p.
 template <class T>
-void pack_slice(const core::Packing& p, const T* file, Index H, Index h0, T* packed) {
+void pack_rows(const core::Packing& p, const T* file, Index Lf, Index i0, Index H, Index h0, T* packed) {
   for (Index b = 0; b < p.B; ++b)
     for (Index i = 0; i < p.L; ++i)
       for (Index g = 0; g < p.HKV; ++g)
-        std::copy_n(file + ((b * p.L + i) * H + h0 + g * p.G) * p.D, p.G * p.D, packed + p.q_group(b, g) + i * p.G * p.D);
+        std::copy_n(file + ((b * Lf + i0 + i) * H + h0 + g * p.G) * p.D, p.G * p.D,
+                    packed + p.q_group(b, g) + i * p.G * p.D);
+}
+
+template <class T>
+void pack_slice(const core::Packing& p, const T* file, Index H, Index h0, T* packed) {
+  pack_rows(p, file, p.L, 0, H, h0, packed);
 }
 
 template <class T>
@@ -26,6 +32,49 @@ void unpack_slice(const core::Packing& p, const T* packed, Index H, Index h0, T*
     for (Index i = 0; i < p.L; ++i)
       for (Index g = 0; g < p.HKV; ++g)
         std::copy_n(packed + p.q_group(b, g) + i * p.G * p.D, p.G * p.D, file + ((b * p.L + i) * H + h0 + g * p.G) * p.D);
+}
+
+// One kind of message (MPI's non-overtaking order keeps a pair's groups in sequence).
+constexpr int kTagGather = 21;
+
+// The keys query i sees form one interval [first, last] of global positions that contains i (every
+// mask: causal, window, documents and their combinations), and both ends are non-decreasing in i.
+// So a run a..b of consecutive query positions sees [first(a), last(b)], and each end is a binary
+// search on visible(). A row that would not see itself is taken to need everything.
+struct Interval {
+  Index first, last;
+};
+
+Interval visible_keys(const core::Mask& m, Index i, Index S) {
+  if (!m.visible(i, i)) return {0, S - 1};
+  Index lo = 0, hi = i;  // smallest j <= i with visible(i, j)
+  while (lo < hi) {
+    const Index mid = lo + (hi - lo) / 2;
+    if (m.visible(i, mid)) hi = mid;
+    else lo = mid + 1;
+  }
+  const Index first = lo;
+  lo = i, hi = S - 1;  // largest j >= i with visible(i, j)
+  while (lo < hi) {
+    const Index mid = lo + (hi - lo + 1) / 2;
+    if (m.visible(i, mid)) lo = mid;
+    else hi = mid - 1;
+  }
+  return {first, lo};
+}
+
+// The keys some query of `pos` (increasing) sees: disjoint intervals in increasing order.
+std::vector<Interval> seen_keys(const core::Mask& m, std::span<const Index> pos, Index S) {
+  std::vector<Interval> out;
+  for (std::size_t a = 0; a < pos.size();) {
+    std::size_t b = a;
+    while (b + 1 < pos.size() && pos[b + 1] == pos[b] + 1) ++b;
+    const Interval iv{visible_keys(m, pos[a], S).first, visible_keys(m, pos[b], S).last};
+    if (!out.empty() && iv.first <= out.back().last + 1) out.back().last = std::max(out.back().last, iv.last);
+    else out.push_back(iv);
+    a = b + 1;
+  }
+  return out;
 }
 
 }  // namespace
@@ -43,8 +92,41 @@ AllGatherAttention<S>::AllGatherAttention(const comm::Comm& comm, const Strategy
   const core::Shape& sh = s_.shape;
   L_ = s_.layout->size(r_);
   pq_ = core::Packing{sh.B, G_, sh.G(), L_, sh.D};
+  const core::Layout& lay = *s_.layout;
+  need_.resize(N_);
+  give_.resize(N_);
+  for (int q = 0; q < N_; ++q) need_[q] = Range{0, lay.size(q)}, give_[q] = Range{0, L_};
+  if (s_.mask->window() > 0 || s_.mask->has_docs()) {
+    // The smallest range of `owner`'s local indices holding every key in `seen`.
+    auto covering = [&](const std::vector<Interval>& seen, int owner) {
+      const std::span<const Index> pos = lay.positions(owner);
+      Range r{pos.size() ? Index(pos.size()) : 0, 0};
+      for (const Interval& iv : seen) {
+        const Index a = std::lower_bound(pos.begin(), pos.end(), iv.first) - pos.begin();
+        const Index b = std::upper_bound(pos.begin(), pos.end(), iv.last) - pos.begin();
+        if (a < b) r.lo = std::min(r.lo, a), r.hi = std::max(r.hi, b);
+      }
+      return r.hi > r.lo ? r : Range{};
+    };
+    const std::vector<Interval> mine = seen_keys(*s_.mask, lay.positions(r_), sh.S);
+    std::int64_t short_of_all = 0;
+    for (int q = 0; q < N_; ++q) {
+      need_[q] = covering(mine, q);
+      give_[q] = q == r_ ? need_[q] : covering(seen_keys(*s_.mask, lay.positions(q), sh.S), r_);
+      if (need_[q].size() < lay.size(q)) short_of_all = 1;
+    }
+    std::int64_t any[1] = {short_of_all};
+    comm_.allreduce_max(std::span<std::int64_t>(any));  // every rank takes the same way
+    sliced_ = any[0] != 0;
+    if (!sliced_)
+      for (int q = 0; q < N_; ++q) need_[q] = Range{0, lay.size(q)}, give_[q] = Range{0, L_};
+  }
   displ_.assign(N_ + 1, 0);
-  for (int q = 0; q < N_; ++q) displ_[q + 1] = displ_[q] + block_elems(q);
+  sdispl_.assign(N_ + 1, 0);
+  for (int q = 0; q < N_; ++q) {
+    displ_[q + 1] = displ_[q] + block_elems(q);
+    sdispl_[q + 1] = sdispl_[q] + (q == r_ ? 0 : give_elems(q));
+  }
   g_.resize(groups_);
   for (Group& g : g_) {
     g.q.resize(pq_.q_elems());
@@ -53,26 +135,33 @@ AllGatherAttention<S>::AllGatherAttention(const comm::Comm& comm, const Strategy
     g.lse.resize(pq_.row_elems());
     g.acc.resize(pq_.q_elems());
   }
-  own_block_.resize(block_elems(r_));
+  if (sliced_) send_.resize(sdispl_[N_]);
+  else own_block_.resize(block_elems(r_));
   for (auto& buf : gathered_) buf.resize(displ_[N_]);
 }
 
 template <class S>
 core::Packing AllGatherAttention<S>::block_packing(int owner) const {
-  return core::Packing{s_.shape.B, G_, 1, s_.layout->size(owner), s_.shape.D};
+  return core::Packing{s_.shape.B, G_, 1, need_[owner].size(), s_.shape.D};
+}
+
+template <class S>
+core::Packing AllGatherAttention<S>::own_packing() const {
+  return core::Packing{s_.shape.B, G_, 1, L_, s_.shape.D};
 }
 
 template <class S>
 core::KVBlock<S> AllGatherAttention<S>::view(int owner, const S* gathered) const {
   const core::Packing pk = block_packing(owner);
   const S* k = gathered + displ_[owner];
-  return core::KVBlock<S>{pk, s_.layout->positions(owner), k, k + pk.kv_elems()};
+  return core::KVBlock<S>{pk, s_.layout->positions(owner).subspan(need_[owner].lo, need_[owner].size()), k,
+                          k + pk.kv_elems()};
 }
 
 template <class S>
 Index AllGatherAttention<S>::resident_bytes() const {
   auto bytes = [](const auto& v) { return Index(v.size()) * Index(sizeof(v[0])); };
-  Index b = bytes(q_file_) + bytes(k_file_) + bytes(v_file_) + bytes(dout_file_) + bytes(own_block_) +
+  Index b = bytes(q_file_) + bytes(k_file_) + bytes(v_file_) + bytes(dout_file_) + bytes(own_block_) + bytes(send_) +
             bytes(gathered_[0]) + bytes(gathered_[1]) + bytes(contrib_) + bytes(returned_);
   for (const Group& g : g_)
     b += bytes(g.q) + bytes(g.dout) + bytes(g.m) + bytes(g.l) + bytes(g.acc) + bytes(g.lse) + bytes(g.delta) +
@@ -88,10 +177,12 @@ void AllGatherAttention<S>::allocate_backward() {
     g.dout.resize(pq_.q_elems());
     g.delta.resize(pq_.row_elems());
     g.dq.resize(pq_.q_elems());
-    g.dkv.resize(block_elems(r_));
+    g.dkv.resize(2 * own_packing().kv_elems());
   }
   contrib_.resize(displ_[N_]);
-  returned_.resize(Index(N_) * block_elems(r_));
+  Index returned = 0;
+  for (int q = 0; q < N_; ++q) returned += give_elems(q);
+  returned_.resize(returned);
 }
 
 template <class S>
@@ -119,25 +210,50 @@ void AllGatherAttention<S>::load_dout(const S* dout) {
 
 template <class S>
 Index AllGatherAttention<S>::start_gather(int g, int slot, comm::Exchange& x, Pass pass) {
-  const core::Packing own = block_packing(r_);
-  if (!s_.timing_only) {  // this rank's K then V of the group's kv heads, packed as a block travels
-    pack_slice(own, k_file_.data(), s_.shape.HKV, Index(g) * G_, own_block_.data());
-    pack_slice(own, v_file_.data(), s_.shape.HKV, Index(g) * G_, own_block_.data() + own.kv_elems());
+  const core::Shape& sh = s_.shape;
+  Index received = 0, sent = 0;  // elements
+  if (!sliced_) {
+    const core::Packing own = own_packing();
+    if (!s_.timing_only) {  // this rank's K then V of the group's kv heads, packed as a block travels
+      pack_slice(own, k_file_.data(), sh.HKV, Index(g) * G_, own_block_.data());
+      pack_slice(own, v_file_.data(), sh.HKV, Index(g) * G_, own_block_.data() + own.kv_elems());
+    }
+    std::vector<std::int64_t> counts(N_), displs(N_);
+    for (int q = 0; q < N_; ++q) {
+      counts[q] = block_elems(q) * Index(sizeof(S));
+      displs[q] = displ_[q] * Index(sizeof(S));
+    }
+    x.iallgatherv(own_block_.data(), gathered_[slot].data(), counts, displs, "the K/V all-gather");
+    received = displ_[N_] - block_elems(r_);
+    sent = Index(N_ - 1) * block_elems(r_);  // what this block costs the others: once per peer
+  } else {
+    // Each peer's slice of this rank's K then V (its own slice straight into the gathered group),
+    // then one message each way per pair that needs anything.
+    if (!s_.timing_only)
+      for (int q = 0; q < N_; ++q) {
+        const Range rg = q == r_ ? need_[r_] : give_[q];
+        if (rg.size() == 0) continue;
+        S* dst = q == r_ ? gathered_[slot].data() + displ_[r_] : send_.data() + sdispl_[q];
+        const core::Packing p{sh.B, G_, 1, rg.size(), sh.D};
+        pack_rows(p, k_file_.data(), L_, rg.lo, sh.HKV, Index(g) * G_, dst);
+        pack_rows(p, v_file_.data(), L_, rg.lo, sh.HKV, Index(g) * G_, dst + p.kv_elems());
+      }
+    for (int q = 0; q < N_; ++q)
+      if (q != r_ && need_[q].size() > 0) {
+        x.irecv(gathered_[slot].data() + displ_[q], block_elems(q) * sizeof(S), q, kTagGather);
+        received += block_elems(q);
+      }
+    for (int q = 0; q < N_; ++q)
+      if (q != r_ && give_[q].size() > 0) {
+        x.isend(send_.data() + sdispl_[q], give_elems(q) * sizeof(S), q, kTagGather);
+        sent += give_elems(q);
+      }
   }
-  std::vector<std::int64_t> counts(N_), displs(N_);
-  for (int q = 0; q < N_; ++q) {
-    counts[q] = block_elems(q) * Index(sizeof(S));
-    displs[q] = displ_[q] * Index(sizeof(S));
-  }
-  x.iallgatherv(own_block_.data(), gathered_[slot].data(), counts, displs, "the K/V all-gather");
-  const Index received = displ_[N_] - block_elems(r_);
   (pass == Pass::forward ? ledger_.ag_fwd_recv_elems : ledger_.ag_bwd_recv_elems) += received;
   ledger_.remote_block_elems = std::max(ledger_.remote_block_elems, received);
-  // What this rank's block costs the others to receive: sent once per peer.
-  const Index sent = Index(N_ - 1) * block_elems(r_) * Index(sizeof(S));
-  ledger_.send_bytes += sent;
+  ledger_.send_bytes += sent * Index(sizeof(S));
   ledger_.recv_bytes += received * Index(sizeof(S));
-  return sent + received * Index(sizeof(S));
+  return (sent + received) * Index(sizeof(S));
 }
 
 template <class S>
@@ -162,7 +278,7 @@ PassStats AllGatherAttention<S>::forward() {
     const core::QueryShard<S> qs{pq_, s_.layout->positions(r_), grp.q.data()};
     const S* kv = gathered_[g % 2].data();
     for (int q = 0; q < N_; ++q) {
-      if (s_.layout->size(q) == 0 || L_ == 0) continue;
+      if (need_[q].size() == 0 || L_ == 0) continue;
       step.compute(
           [&] {
             return core::block_forward(qs, view(q, kv), *s_.mask, scale, st, ws_, [&] {
@@ -184,7 +300,6 @@ PassStats AllGatherAttention<S>::backward() {
   allocate_backward();
   ledger_.ag_bwd_recv_elems = ledger_.rs_bwd_send_elems = ledger_.rs_bwd_recv_elems = 0;
   const A scale = static_cast<A>(s_.scale);
-  const Index own = block_elems(r_);
   comm::Exchange gather[2] = {comm::Exchange(comm_), comm::Exchange(comm_)};
   const Index first = start_gather(0, 0, gather[0], Pass::backward);
   for (int g = 0; g < groups_; ++g) {
@@ -204,7 +319,7 @@ PassStats AllGatherAttention<S>::backward() {
     const core::QueryShard<S> qs{pq_, s_.layout->positions(r_), grp.q.data()};
     const core::GradQueryShard<S> gq{qs, grp.dout.data(), grp.m.data(), grp.l.data(), grp.delta.data(), grp.dq.data()};
     for (int q = 0; q < N_; ++q) {
-      if (s_.layout->size(q) == 0 || L_ == 0) continue;
+      if (need_[q].size() == 0 || L_ == 0) continue;
       A* dk = contrib_.data() + displ_[q];
       A* dv = dk + block_packing(q).kv_elems();
       step.compute(
@@ -216,25 +331,40 @@ PassStats AllGatherAttention<S>::backward() {
           },
           [&] { return core::count_block_forward(qs, view(q, kv), *s_.mask, ws_); }, 2.5);
     }
-    // Reduce-scatter: each contribution to its owner; the owner sums them in source-rank order.
+    // Reduce-scatter: each contribution (for the slice this rank gathered) to its owner; the owner
+    // sums them in source-rank order.
     std::vector<std::int64_t> sc(N_), sd(N_), rc(N_), rd(N_);
+    Index rdispl = 0, sent = 0, received = 0;
     for (int q = 0; q < N_; ++q) {
       sc[q] = block_elems(q) * Index(sizeof(A));
       sd[q] = displ_[q] * Index(sizeof(A));
-      rc[q] = own * Index(sizeof(A));
-      rd[q] = Index(q) * own * Index(sizeof(A));
+      rc[q] = give_elems(q) * Index(sizeof(A));
+      rd[q] = rdispl * Index(sizeof(A));
+      rdispl += give_elems(q);
+      if (q != r_) sent += block_elems(q), received += give_elems(q);
     }
     step.waited(comm_.alltoallv(contrib_.data(), sc, sd, returned_.data(), rc, rd, "the dK/dV reduce-scatter"));
-    step.moved((displ_[N_] - own + Index(N_ - 1) * own) * Index(sizeof(A)));
-    ledger_.rs_bwd_send_elems += displ_[N_] - own;
-    ledger_.rs_bwd_recv_elems += Index(N_ - 1) * own;
-    ledger_.send_bytes += (displ_[N_] - own) * Index(sizeof(A));
-    ledger_.recv_bytes += Index(N_ - 1) * own * Index(sizeof(A));
+    step.moved((sent + received) * Index(sizeof(A)));
+    ledger_.rs_bwd_send_elems += sent;
+    ledger_.rs_bwd_recv_elems += received;
+    ledger_.send_bytes += sent * Index(sizeof(A));
+    ledger_.recv_bytes += received * Index(sizeof(A));
     if (step.computes()) {
-      std::copy_n(returned_.data(), own, grp.dkv.data());
-      for (int q = 1; q < N_; ++q) {
-        const A* src = returned_.data() + Index(q) * own;
-        for (Index e = 0; e < own; ++e) grp.dkv[e] += src[e];
+      // dK then dV of [B, G, L, D]; source q's slice covers local rows give_[q].
+      const core::Packing own = own_packing();
+      std::fill(grp.dkv.begin(), grp.dkv.end(), A(0));
+      const A* src = returned_.data();
+      for (int q = 0; q < N_; ++q) {
+        const Range rg = give_[q];
+        const core::Packing p{own.B, own.HKV, 1, rg.size(), own.D};
+        for (int part = 0; part < 2; ++part)
+          for (Index b = 0; b < p.B; ++b)
+            for (Index h = 0; h < p.HKV; ++h) {
+              const A* from = src + part * p.kv_elems() + p.kv_group(b, h);
+              A* to = grp.dkv.data() + part * own.kv_elems() + own.kv_group(b, h) + rg.lo * own.D;
+              for (Index e = 0; e < rg.size() * own.D; ++e) to[e] += from[e];
+            }
+        src += 2 * p.kv_elems();
       }
     }
     step.end();
@@ -245,7 +375,7 @@ PassStats AllGatherAttention<S>::backward() {
 template <class S>
 void AllGatherAttention<S>::outputs(A* o, A* lse, A* dq, A* dk, A* dv) const {
   const core::Shape& sh = s_.shape;
-  const core::Packing own = block_packing(r_);
+  const core::Packing own = own_packing();
   for (int g = 0; g < groups_; ++g) {
     const Group& grp = g_[g];
     const Index h0 = Index(g) * G_ * sh.G(), k0 = Index(g) * G_;
