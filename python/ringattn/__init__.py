@@ -38,7 +38,7 @@ from ._ringattn import InputError, RuntimeFailure
 from ._ringattn import KVCache as _KVCache
 from ._ringattn import positions as _positions
 
-__all__ = ["positions", "attention", "attention_lse", "KVCache", "InputError", "RuntimeFailure"]
+__all__ = ["positions", "attention", "attention_lse", "KVCache", "InputError", "RuntimeFailure", "nn"]
 InputError.__module__ = RuntimeFailure.__module__ = "ringattn"  # ringattn.InputError in tracebacks
 
 _TORCH_NAME = {torch.float32: "float32", torch.float64: "float64", torch.bfloat16: "bfloat16",
@@ -441,3 +441,6 @@ class KVCache:
         self._c.decode(T, q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), lse.data_ptr())
         o = o.to(self._out)
         return (o, lse) if return_lse else o
+
+
+from . import nn  # noqa: E402  (ringattn.nn.DistributedAttention, over the functions above)

@@ -1,0 +1,82 @@
+"""ringattn.nn: distributed attention as a torch.nn.Module.
+
+    attn = ringattn.nn.DistributedAttention(S, causal=True, rope=10000.0)   # every rank, same arguments
+    pos = attn.positions()                   # this rank's positions: shard x, the target, ... with them
+    o = attn(q, k, v)                        # ringattn.attention(q, k, v, seq_len=S, causal=True, ...)
+
+The module holds what stays the same from call to call (the sequence length, the mask, the
+layout, the strategy, the communicator and every other keyword of ringattn.attention) and forward
+calls ringattn.attention with them; a keyword given to forward overrides the module's for that
+call (documents that change with every batch: doc_lens= or cu_seqlens=). Like the function, the
+module is collective: every rank of the communicator calls forward, and then backward, together.
+"""
+
+import inspect
+
+import torch
+from mpi4py import MPI
+
+from . import InputError, attention, positions
+
+__all__ = ["DistributedAttention"]
+
+# attention()'s keywords, which the module holds and forward may override
+_KEYWORDS = tuple(n for n, p in inspect.signature(attention).parameters.items() if p.kind == p.KEYWORD_ONLY)
+
+
+def _checked_keywords(where, options):
+    unknown = sorted(set(options) - set(_KEYWORDS))
+    if unknown:
+        raise InputError(f"{where}: unknown keyword {', '.join(map(repr, unknown))} (expected keywords of "
+                         f"ringattn.attention: {', '.join(_KEYWORDS)})")
+    return options
+
+
+class DistributedAttention(torch.nn.Module):
+    """Attention over a sequence sharded across the ranks of `comm`: forward(q, k, v) is
+    ringattn.attention(q, k, v, seq_len=seq_len, **options) with the options given here.
+
+    seq_len: S, the positions over all ranks. Keywords: any of ringattn.attention's (causal,
+      window, doc_lens, layout, partition, scale, rope, strategy, ulysses_degree, comm, timeout,
+      out_dtype, ...), with its defaults; an unknown one raises InputError here.
+    sinks: given as a tensor [H] of initial sink logits, the module learns them: self.sinks is an
+      nn.Parameter initialised from a copy, passed to every call. Its gradient is already the
+      whole one on every rank (ringattn sums it over all ranks' rows), so a training loop that
+      sums its weight gradients over the ranks of `comm` leaves self.sinks out of that sum.
+    """
+
+    def __init__(self, seq_len, **options):
+        super().__init__()
+        options = _checked_keywords("DistributedAttention", dict(options, seq_len=seq_len))
+        sinks = options.pop("sinks", None)
+        if sinks is not None:
+            if not isinstance(sinks, torch.Tensor) or sinks.dim() != 1:
+                raise InputError(f"sinks: {type(sinks).__name__} (expected a tensor [H] of initial sink logits)")
+            sinks = sinks if isinstance(sinks, torch.nn.Parameter) else torch.nn.Parameter(sinks.detach().clone())
+        self.sinks = sinks  # a registered parameter, or None
+        self.options = options
+
+    @property
+    def comm(self):
+        """The communicator the calls run on."""
+        return self.options.get("comm") or MPI.COMM_WORLD
+
+    def positions(self):
+        """This rank's global positions under the module's layout: an increasing int64 array
+        (ringattn.positions with the module's seq_len, layout, partition and mask)."""
+        o = self.options
+        return positions(o["seq_len"], self.comm.size, self.comm.rank, o.get("layout", "auto"), o.get("partition"),
+                         causal=o.get("causal", False), window=o.get("window"))
+
+    def forward(self, q, k, v, **overrides):
+        """This rank's O [B, L, H, D] for its shard q [B, L, H, D], k, v [B, L, HKV, D]; keywords
+        override the module's for this call."""
+        options = dict(self.options)
+        if self.sinks is not None:
+            options["sinks"] = self.sinks
+        options.update(_checked_keywords("DistributedAttention.forward", overrides))
+        return attention(q, k, v, **options)
+
+    def extra_repr(self):
+        shown = ", ".join(f"{n}={v!r}" for n, v in self.options.items() if n not in ("seq_len", "comm"))
+        return f"seq_len={self.options['seq_len']}" + (f", {shown}" if shown else "")
