@@ -16,6 +16,7 @@ packages=(
   googletest libgtest-dev
   python3-numpy python3-torch python3-matplotlib   # independent reference, plots
   python3-dev pybind11-dev python3-mpi4py          # the Python package (python/)
+  python3-setuptools python3-wheel python3-pip python3-venv   # pip install into a virtual environment
   libopenblas0-pthread  # Debian's torch calls libblas.so.3: without this it is the slow reference BLAS
   clang-14 libclang-rt-14-dev         # libFuzzer target of the npy reader (tests/fuzz)
   iproute2                            # two-namespace TCP test (scripts/netns_test.sh)
