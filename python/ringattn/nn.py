@@ -11,6 +11,7 @@ call (documents that change with every batch: doc_lens= or cu_seqlens=). Like th
 module is collective: every rank of the communicator calls forward, and then backward, together.
 """
 
+import copy
 import inspect
 
 import torch
@@ -76,6 +77,17 @@ class DistributedAttention(torch.nn.Module):
             options["sinks"] = self.sinks
         options.update(_checked_keywords("DistributedAttention.forward", overrides))
         return attention(q, k, v, **options)
+
+    def __deepcopy__(self, memo):
+        """A copy (copy.deepcopy of a model, say) attends over the same communicator: an mpi4py
+        communicator is a handle to the ranks, not data to copy."""
+        comm = self.options.get("comm")
+        if comm is not None:
+            memo[id(comm)] = comm
+        new = self.__class__.__new__(self.__class__)
+        memo[id(self)] = new
+        new.__dict__.update({n: copy.deepcopy(v, memo) for n, v in self.__dict__.items()})
+        return new
 
     def extra_repr(self):
         shown = ", ".join(f"{n}={v!r}" for n, v in self.options.items() if n not in ("seq_len", "comm"))

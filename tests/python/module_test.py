@@ -13,10 +13,11 @@ the final weights must agree within 1e-10 (relative), and the loss must fall. Ca
 with RoPE and GQA; a window with documents that change every step (given to forward); ulysses where
 N divides the heads; learnable sinks when ringattn.attention takes them; a bfloat16 model (O in
 bfloat16, multiplied by bfloat16 weights; losses within 5e-3 of the float64 reference on the same
-weights). Then the module's own checks: an unknown keyword raises at construction. Exit 0 only when
+weights); a copy.deepcopy of the module (it shares the communicator). Then the module's own checks: an unknown keyword raises at construction. Exit 0 only when
 every case passes on every rank.
 """
 
+import copy
 import math
 import sys
 
@@ -84,12 +85,15 @@ class Model(torch.nn.Module):
 
 
 def train(name, *, S=24, B=2, M=12, H=4, HKV=2, D=8, steps=4, docs_per_step=None, dtype=torch.float64,
-          tol=TOL, **options):
+          tol=TOL, deepcopy=False, **options):
     g = torch.Generator().manual_seed(len(name))
     x = torch.randn(B, S, M, generator=g, dtype=torch.float64)
     target = torch.randn(B, S, M, generator=g, dtype=torch.float64)
     sinks0 = options.pop("sinks", None)
     attn = DistributedAttention(S, **options, **({} if sinks0 is None else {"sinks": sinks0}))
+    if deepcopy:  # the copy trains, over the same communicator (the original's sinks stay as they were)
+        attn = copy.deepcopy(attn)
+        assert attn.comm is (options.get("comm") or MPI.COMM_WORLD)
     dist = Model(attn, M, H, HKV, D).to(torch.float64)
     ref = Model(lambda q, k, v, **kw: reference_attention(q, k, v, seq_len=S, **{**options, **kw},
                                                           sinks=ref_sinks), M, H, HKV, D).to(torch.float64)
@@ -168,6 +172,7 @@ def main():
         results.append(train("learnable sinks, causal", causal=True, sinks=torch.tensor([0.5, -1.0, 0.0, 2.0])))
     elif RANK == 0:
         print("--  learnable sinks: ringattn.attention takes no sinks in this build", flush=True)
+    results.append(train("a deep copy of the module, causal", causal=True, comm=COMM, deepcopy=True))
     results += [
         raises("unknown keyword", lambda: DistributedAttention(16, casual=True), "unknown keyword 'casual'"),
         raises("unknown forward keyword", lambda: DistributedAttention(16)(*(torch.zeros(1, 1, 1, 1),) * 3,
