@@ -13,10 +13,12 @@
 // in the accumulation type (f32 for 16-bit storage), so every rank returns bitwise the same O
 // and the error stays flat in N. A rank that sees nothing has m_r = -inf and adds nothing.
 //
-// Why gather-then-merge and not MPI_Allreduce with a user operation: the standard does not
-// promise the same bits on every rank from a user operation's reduction order, and decode must
-// return the same O everywhere; the all-gather moves N x the state, which is small against the
-// cache each step reads (the state is B T H (D + 2) values, the cache B L HKV 2 D).
+// Why gather-then-merge and not MPI_Allreduce with a user operation (merge = "allreduce", kept to
+// measure against): the standard does not promise the same bits on every rank from a user
+// operation's reduction order, and decode must return the same O everywhere; and measured at
+// N = 2 the user operation is not faster (docs/inference.md has the numbers). The all-gather moves
+// N x the state, which is small against the cache each step reads (the state is B T H (D + 2)
+// values, the cache B L HKV 2 D).
 #include <memory>
 #include <optional>
 #include <span>
@@ -39,6 +41,7 @@ struct KVCacheOptions {
   std::optional<Index> capacity;  // positions the cache may hold in all (prompt + decoded); empty: no limit
   std::optional<double> timeout_s;
   core::Tiling tiling;
+  std::string merge = "gather";  // gather (all-gather, merged in rank order) or allreduce (user operation)
 };
 
 // What one decode step did on this rank.
@@ -46,6 +49,13 @@ struct DecodeStats {
   double step_s = 0, attend_s = 0, merge_s = 0;
   Index kv_bytes = 0;  // the cache bytes this rank's attention read
 };
+
+// The merge of a decode step, collective: every rank's partial state of `rows` query rows
+// (m [rows] | l [rows] | a [rows, D], the kernels' units) into `merged` (the same layout), the
+// same on every rank. `merge` is KVCacheOptions::merge.
+template <class A>
+void merge_partial_states(const comm::Comm& comm, const std::string& merge, Index rows, Index D,
+                          const std::vector<A>& state, std::vector<A>& merged);
 
 template <class S>
 class KVCacheShard {
@@ -60,6 +70,9 @@ class KVCacheShard {
   // Collective: this rank's shard of the prompt (file order [B, L, H|HKV, D]); writes o [B, L, H, D]
   // and lse [B, H, L] (either may be null). Once, before any decode.
   void prefill(Index prompt_len, const S* q, const S* k, const S* v, A* o, A* lse);
+  // Collective: the prompt's K/V only (this rank's positions, as prefill takes them), kept without
+  // attending: K/V computed elsewhere, or a prompt too long to attend here. Once, before any decode.
+  void load(Index prompt_len, const S* k, const S* v);
   // Collective: T new tokens, the same on every rank; o [B, T, H, D], lse [B, H, T].
   DecodeStats decode(Index T, const S* q, const S* k, const S* v, A* o, A* lse);
 
@@ -72,6 +85,8 @@ class KVCacheShard {
  private:
   core::KVBlock<S> prompt_block() const;
   core::KVBlock<S> decoded_block() const;
+  AttentionPlan agreed_prompt_plan(Index prompt_len, PlanOptions& p, bool attend);  // checks, agreed by every rank
+  void keep_prompt(const AttentionPlan& plan, const S* k, const S* v);  // K/V in, decode slots ready
 
   const comm::Comm& comm_;
   KVCacheOptions o_;
@@ -88,7 +103,6 @@ class KVCacheShard {
   std::size_t dec_pos_used_ = 0;
   std::vector<Index> dec_pos_;               // [cap_]: global positions; unused slots lie in the future
   core::AlignedVector<S> kv_dec_;            // K | V, packed [B, HKV, cap_, D] each
-  std::unique_ptr<core::Workspace<A>> ws_;
 };
 
 }  // namespace ringattn::runtime

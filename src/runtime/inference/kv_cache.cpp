@@ -7,6 +7,8 @@
 #include <cstring>
 #include <limits>
 
+#include "ringattn/comm/state_merge.hpp"
+#include "ringattn/core/decode_attention.hpp"
 #include "ringattn/core/packed.hpp"
 #include "ringattn/core/storage.hpp"
 #include "ringattn/runtime/agreement.hpp"
@@ -43,6 +45,63 @@ PlanOptions prompt_options(const KVCacheOptions& o, Index prompt_len) {
 
 }  // namespace
 
+template <class A>
+void merge_partial_states(const comm::Comm& comm, const std::string& merge, Index rows, Index D,
+                          const std::vector<A>& state, std::vector<A>& merged) {
+  const int N = comm.size();
+  merged.assign(rows * (D + 2), A(0));
+  core::OnlineState<A> ms{merged.data(), merged.data() + rows, merged.data() + 2 * rows};
+  if (merge == "allreduce") {
+    // records [m, l, a] per row, merged by MPI's reduction with a user operation
+    std::vector<A> rec(rows * (D + 2));
+    for (Index i = 0; i < rows; ++i) {
+      rec[i * (D + 2)] = state[i];
+      rec[i * (D + 2) + 1] = state[rows + i];
+      std::copy_n(state.data() + 2 * rows + i * D, D, rec.data() + i * (D + 2) + 2);
+    }
+    comm::allreduce_states(comm, std::span<A>(rec), int(D));
+    for (Index i = 0; i < rows; ++i) {
+      ms.m[i] = rec[i * (D + 2)];
+      ms.l[i] = rec[i * (D + 2) + 1];
+      std::copy_n(rec.data() + i * (D + 2) + 2, D, ms.acc + i * D);
+    }
+  } else {
+    // every rank's state on every rank (one all-gather), merged in rank order
+    std::vector<A> all(std::size_t(N) * state.size());
+    comm::all_gather_fixed(comm, std::span<const A>(state), std::span<A>(all));
+    auto part = [&](int q2) { return all.data() + std::size_t(q2) * state.size(); };
+    for (Index i = 0; i < rows; ++i) {
+      A m = -std::numeric_limits<A>::infinity();
+      for (int q2 = 0; q2 < N; ++q2) m = std::max(m, part(q2)[i]);
+      A l = 0;
+      A* a = ms.acc + i * D;
+      std::fill_n(a, D, A(0));
+      bool nan = false;  // a non-finite input on any rank: the row is NaN, as the dense softmax makes it
+      for (int q2 = 0; q2 < N; ++q2) nan = nan || std::isnan(part(q2)[i]) || std::isnan(part(q2)[rows + i]);
+      if (nan) {
+        m = l = std::numeric_limits<A>::quiet_NaN();
+        std::fill_n(a, D, m);
+      } else if (m != -std::numeric_limits<A>::infinity()) {
+        for (int q2 = 0; q2 < N; ++q2) {
+          const A mr = part(q2)[i];
+          if (mr == -std::numeric_limits<A>::infinity()) continue;  // nothing visible on that rank
+          const A c = std::exp2(mr - m);
+          l += c * part(q2)[rows + i];
+          const A* ar = part(q2) + 2 * rows + i * D;
+          for (Index d = 0; d < D; ++d) a[d] += c * ar[d];
+        }
+      }
+      ms.m[i] = m;
+      ms.l[i] = l;
+    }
+  }
+}
+
+template void merge_partial_states<float>(const comm::Comm&, const std::string&, Index, Index, const std::vector<float>&,
+                                          std::vector<float>&);
+template void merge_partial_states<double>(const comm::Comm&, const std::string&, Index, Index,
+                                           const std::vector<double>&, std::vector<double>&);
+
 template <class S>
 KVCacheShard<S>::KVCacheShard(const comm::Comm& comm, const KVCacheOptions& o, const OptionNames& names)
     : comm_(comm), o_(o), names_(names) {
@@ -53,6 +112,8 @@ KVCacheShard<S>::KVCacheShard(const comm::Comm& comm, const KVCacheOptions& o, c
                                  core::dtype_name(plan.dtype)));
   if (o.capacity && *o.capacity < 1)
     throw InputError(fmt::format("capacity: {} is not a number of positions (expected >= 1)", *o.capacity));
+  if (o.merge != "gather" && o.merge != "allreduce")
+    throw InputError(fmt::format("merge: '{}' is not a merge (expected gather or allreduce)", o.merge));
   s_ = plan.shape;
   scale_ = plan.scale;
   mask_ = core::Mask::make(1, true, o.window.value_or(0), {});
@@ -83,44 +144,63 @@ Index KVCacheShard<S>::resident_bytes() const {
 }
 
 template <class S>
-void KVCacheShard<S>::prefill(Index prompt_len, const S* q, const S* k, const S* v, A* o, A* lse) {
+AttentionPlan KVCacheShard<S>::agreed_prompt_plan(Index prompt_len, PlanOptions& p, bool attend) {
   AttentionPlan plan;
-  PlanOptions p;
   agreed(comm_, [&] {
     if (prefilled_) throw InputError("prefill: the cache already holds a prompt (prefill once, then decode)");
     if (o_.capacity && prompt_len > *o_.capacity)
       throw InputError(fmt::format("prefill: a prompt of {} positions is over the capacity of {}", prompt_len,
                                    *o_.capacity));
     p = prompt_options(o_, prompt_len);
-    plan = make_attention_plan(p, comm_.size(), names_);
+    // The ring's memory admission only for a prompt that goes through the ring: a loaded one
+    // needs its K/V, which the caller holds already.
+    PlanExtras extras;
+    extras.admit_memory = attend;
+    plan = make_attention_plan(p, comm_.size(), names_, extras);
   });
   agree_on_plan(comm_, plan_fields(plan, p, names_));
-  prompt_len_ = prompt_len;
+  return plan;
+}
+
+template <class S>
+void KVCacheShard<S>::keep_prompt(const AttentionPlan& plan, const S* k, const S* v) {
+  prompt_len_ = plan.shape.S;
   const auto pos = plan.layout.positions(comm_.rank());
   pos0_.assign(pos.begin(), pos.end());
   L0_ = Index(pos0_.size());
-  {
-    RingAttention<S> ring(comm_, strategy_setup(plan));
-    ring.load(q, k, v);
-    ring.forward();
-    ring.outputs(o, lse, nullptr, nullptr, nullptr);
-  }
   const core::Packing pk{s_.B, s_.HKV, 1, L0_, s_.D};
   kv0_.resize(2 * pk.kv_elems());
   core::pack_heads(pk, k, kv0_.data());
   core::pack_heads(pk, v, kv0_.data() + pk.kv_elems());
   // Decoded positions: round-robin from the prompt's end, so rank r holds about 1/N of them.
   if (o_.capacity) {
-    const Index left = *o_.capacity - prompt_len, N = comm_.size(), r = comm_.rank();
+    const Index left = *o_.capacity - prompt_len_, N = comm_.size(), r = comm_.rank();
     cap_ = std::max<Index>(0, (left - r + N - 1) / N);
   } else {
     cap_ = 64;
   }
   dec_pos_.assign(cap_, kFuture);
   kv_dec_.assign(2 * core::Packing{s_.B, s_.HKV, 1, cap_, s_.D}.kv_elems(), S{});
-  const core::Tiling t = core::resolve_tiling(o_.tiling, s_.D, std::max<Index>({L0_, cap_, 1}), s_.G());
-  ws_ = std::make_unique<core::Workspace<A>>(t, s_.D);
   prefilled_ = true;
+}
+
+template <class S>
+void KVCacheShard<S>::prefill(Index prompt_len, const S* q, const S* k, const S* v, A* o, A* lse) {
+  PlanOptions p;
+  const AttentionPlan plan = agreed_prompt_plan(prompt_len, p, true);
+  {
+    RingAttention<S> ring(comm_, strategy_setup(plan));
+    ring.load(q, k, v);
+    ring.forward();
+    ring.outputs(o, lse, nullptr, nullptr, nullptr);
+  }
+  keep_prompt(plan, k, v);
+}
+
+template <class S>
+void KVCacheShard<S>::load(Index prompt_len, const S* k, const S* v) {
+  PlanOptions p;
+  keep_prompt(agreed_prompt_plan(prompt_len, p, false), k, v);
 }
 
 template <class S>
@@ -165,8 +245,6 @@ DecodeStats KVCacheShard<S>::decode(Index T, const S* q, const S* k, const S* v,
       kv_dec_ = std::move(grown);
       dec_pos_.resize(cap2, kFuture);
       cap_ = cap2;
-      const core::Tiling tl = core::resolve_tiling(o_.tiling, s_.D, std::max<Index>({L0_, cap_, 1}), s_.G());
-      ws_ = std::make_unique<core::Workspace<A>>(tl, s_.D);
     }
     const Index slot = Index(dec_pos_used_++);
     dec_pos_[slot] = p;
@@ -193,40 +271,18 @@ DecodeStats KVCacheShard<S>::decode(Index T, const S* q, const S* k, const S* v,
   const core::QueryShard<S> qs{pq, qpos, qp.data()};
   const double t_attend = comm::wtime();
   const A scale = static_cast<A>(scale_);
-  if (L0_ > 0) core::block_forward(qs, prompt_block(), mask_, scale, os, *ws_);
-  if (dec_pos_used_ > 0) core::block_forward(qs, decoded_block(), mask_, scale, os, *ws_);
+  // The decode kernel reads each K and V row once for all T G rows of its head group.
+  core::DecodeWorkspace<A> dws(T * s_.G(), D);
+  if (L0_ > 0) core::decode_forward(qs, prompt_block(), mask_, scale, os, dws);
+  if (dec_pos_used_ > 0) core::decode_forward(qs, decoded_block(), mask_, scale, os, dws);
   st.attend_s = comm::wtime() - t_attend;
   st.kv_bytes = (L0_ + Index(dec_pos_used_)) * 2 * s_.B * s_.HKV * s_.D * Index(sizeof(S));
 
-  // One all-gather of the partial states, merged in rank order on every rank.
+  // The merge: one collective of the N partial states, B T H (D + 2) values each.
   const double t_merge = comm::wtime();
-  const auto all = comm_.all_gatherv(std::span<const A>(state));
-  std::vector<A> merged(rows * (D + 2));
+  std::vector<A> merged;
+  merge_partial_states(comm_, o_.merge, rows, D, state, merged);
   core::OnlineState<A> ms{merged.data(), merged.data() + rows, merged.data() + 2 * rows};
-  for (Index i = 0; i < rows; ++i) {
-    A m = -std::numeric_limits<A>::infinity();
-    for (int q2 = 0; q2 < N; ++q2) m = std::max(m, all[q2][i]);
-    A l = 0;
-    A* a = ms.acc + i * D;
-    std::fill_n(a, D, A(0));
-    bool nan = false;  // a non-finite input on any rank: the row is NaN, as the dense softmax makes it
-    for (int q2 = 0; q2 < N; ++q2) nan = nan || std::isnan(all[q2][i]) || std::isnan(all[q2][rows + i]);
-    if (nan) {
-      m = l = std::numeric_limits<A>::quiet_NaN();
-      std::fill_n(a, D, m);
-    } else if (m != -std::numeric_limits<A>::infinity()) {
-      for (int q2 = 0; q2 < N; ++q2) {
-        const A mr = all[q2][i];
-        if (mr == -std::numeric_limits<A>::infinity()) continue;  // nothing visible on that rank
-        const A c = std::exp2(mr - m);
-        l += c * all[q2][rows + i];
-        const A* ar = all[q2].data() + 2 * rows + i * D;
-        for (Index d = 0; d < D; ++d) a[d] += c * ar[d];
-      }
-    }
-    ms.m[i] = m;
-    ms.l[i] = l;
-  }
   std::vector<A> lse_p(rows);
   core::finalize_forward(pq, ms, lse_p.data());
   st.merge_s = comm::wtime() - t_merge;

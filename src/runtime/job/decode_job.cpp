@@ -6,15 +6,21 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <filesystem>
+#include <limits>
 
+#include "ringattn/core/aligned.hpp"
+#include "ringattn/core/decode_attention.hpp"
 #include "ringattn/core/inputs.hpp"
 #include "ringattn/core/median.hpp"
 #include "ringattn/core/reference.hpp"
+#include "ringattn/core/simd.hpp"
 #include "ringattn/core/storage.hpp"
 #include "ringattn/io/npy.hpp"
+#include "ringattn/comm/state_merge.hpp"
 #include "ringattn/runtime/agreement.hpp"
+#include "ringattn/runtime/input_plan.hpp"
 #include "ringattn/runtime/paths.hpp"
+#include "ringattn/runtime/staged_outputs.hpp"
 
 namespace ringattn::runtime {
 
@@ -56,25 +62,52 @@ std::uint64_t digest(const void* p, std::size_t n) {
   return h;
 }
 
-void write_file(const std::string& dir, const std::string& name, core::DType dtype, const std::vector<Index>& shape,
-                const std::vector<double>& data) {
-  // Written beside and renamed into place: a reader never sees half a file.
-  const std::string tmp = path_in(dir, "." + name + ".tmp"), dst = path_in(dir, name);
-  if (dtype == core::DType::f64) {
-    io::write_npy<double>(tmp, dtype, shape, data.data());
-  } else {
-    std::vector<float> f(data.begin(), data.end());
-    io::write_npy<float>(tmp, core::DType::f32, shape, f.data());
-  }
-  std::filesystem::rename(tmp, dst);
+// The last rows [first, S) of causal attention over all S positions, in float64 from the global
+// tensors: o [B, S - first, H, D] and lse [B, H, S - first]. Each row's softmax over the keys it
+// sees at once (max, then exp and sum): the definition, for a prompt that was not attended here.
+void decode_rows_reference(const core::Shape& s, Index first, const core::Mask& mask, double scale,
+                           const std::vector<double>& q, const std::vector<double>& k, const std::vector<double>& v,
+                           std::vector<double>& o, std::vector<double>& lse) {
+  const Index B = s.B, S = s.S, H = s.H, HKV = s.HKV, D = s.D, G = H / HKV, n = S - first;
+  constexpr double kNegInf = -std::numeric_limits<double>::infinity();
+  o.assign(B * n * H * D, 0.0);
+  lse.assign(B * H * n, 0.0);
+  std::vector<double> sc(S);
+  for (Index b = 0; b < B; ++b)
+    for (Index i = first; i < S; ++i)
+      for (Index h = 0; h < H; ++h) {
+        const double* qi = &q[((b * S + i) * H + h) * D];
+        double m = kNegInf;
+        for (Index j = 0; j < S; ++j) {
+          sc[j] = kNegInf;
+          if (!mask.visible(i, j)) continue;
+          const double* kj = &k[((b * S + j) * HKV + h / G) * D];
+          double dot = 0;
+          for (Index d = 0; d < D; ++d) dot += qi[d] * kj[d];
+          sc[j] = scale * dot;
+          m = std::max(m, sc[j]);
+        }
+        double l = 0;
+        double* oi = &o[((b * n + i - first) * H + h) * D];
+        for (Index j = 0; j < S; ++j) {
+          if (sc[j] == kNegInf) continue;
+          const double p = std::exp(sc[j] - m);
+          l += p;
+          const double* vj = &v[((b * S + j) * HKV + h / G) * D];
+          for (Index d = 0; d < D; ++d) oi[d] += p * vj[d];
+        }
+        for (Index d = 0; d < D; ++d) oi[d] /= l;
+        lse[(b * H + h) * n + i - first] = m + std::log(l);
+      }
 }
 
 template <class S>
-DecodeResult run_typed(const comm::Comm& comm, const DecodeConfig& c, const core::Shape& s0) {
+DecodeResult run_typed(const comm::Comm& comm, const DecodeConfig& c, const core::Shape& s0, StagedOutputs& staged) {
   using A = core::accum_t<S>;
   const int N = comm.size(), r = comm.rank();
   const Index B = s0.B, H = s0.H, HKV = s0.HKV, D = s0.D, S0 = c.cache_len, T = c.new_tokens, K = c.steps;
   const Index S_all = S0 + K * T;
+  const bool attend = c.prefill == "attend";
   KVCacheOptions ko;
   ko.batch = B;
   ko.heads = H;
@@ -86,10 +119,12 @@ DecodeResult run_typed(const comm::Comm& comm, const DecodeConfig& c, const core
   ko.scale = c.scale;
   ko.timeout_s = c.timeout_s;
   ko.capacity = S_all;
+  ko.merge = c.merge;
   std::unique_ptr<KVCacheShard<S>> cache;
   agreed(comm, [&] { cache = std::make_unique<KVCacheShard<S>>(comm, ko, cli_names()); });
 
-  // The prompt: this rank's positions of the global tensors.
+  // The prompt: this rank's positions of the global tensors, attended (the ring forward) or only
+  // kept; the generated K/V are freed once the cache holds them.
   const std::vector<Index> pos = cache->prompt_positions(S0);
   std::vector<core::Run> runs;
   for (Index i = 0; i < Index(pos.size()); ++i) {
@@ -97,22 +132,48 @@ DecodeResult run_typed(const comm::Comm& comm, const DecodeConfig& c, const core
     else runs.push_back({pos[i], i, 1});
   }
   const Index L = Index(pos.size());
-  const auto q0 = generate<S>(c.seed, InputTensor::q, B, S_all, H * D, runs, L);
-  const auto k0 = generate<S>(c.seed, InputTensor::k, B, S_all, HKV * D, runs, L);
-  const auto v0 = generate<S>(c.seed, InputTensor::v, B, S_all, HKV * D, runs, L);
-  std::vector<A> o0(B * L * H * D), lse0(B * H * L);
-  comm.barrier();
-  double t0 = comm::wtime();
-  cache->prefill(S0, q0.data(), k0.data(), v0.data(), o0.data(), lse0.data());
-  double prefill = comm::wtime() - t0;
+  std::vector<A> o0, lse0;
+  double prefill = 0;
+  {
+    const auto k0 = generate<S>(c.seed, InputTensor::k, B, S_all, HKV * D, runs, L);
+    const auto v0 = generate<S>(c.seed, InputTensor::v, B, S_all, HKV * D, runs, L);
+    if (attend) {
+      const auto q0 = generate<S>(c.seed, InputTensor::q, B, S_all, H * D, runs, L);
+      o0.resize(B * L * H * D);
+      lse0.resize(B * H * L);
+      comm.barrier();
+      const double t0 = comm::wtime();
+      cache->prefill(S0, q0.data(), k0.data(), v0.data(), o0.data(), lse0.data());
+      prefill = comm::wtime() - t0;
+    } else {
+      comm.barrier();
+      const double t0 = comm::wtime();
+      cache->load(S0, k0.data(), v0.data());
+      prefill = comm::wtime() - t0;
+    }
+  }
   comm.allreduce_max(std::span<double>(&prefill, 1));
 
   DecodeResult res;
   res.shape = core::Shape{B, S_all, H, HKV, D};
   res.ranks = N;
   res.prefill_s = prefill;
+  // The stream measurement's buffer: --stream-mib over the ranks, at least 256 MiB each, written
+  // once now; one read pass before each step (every rank at once, as in a step), so that the steps
+  // and the passes share whatever else the machine runs meanwhile.
+  const std::size_t per_rank =
+      c.stream_mib > 0 ? std::max(std::size_t(c.stream_mib) * (std::size_t(1) << 20) / std::size_t(N),
+                                  std::size_t(256) << 20)
+                       : 0;
+  core::AlignedVector<float> stream_buf(per_rank / sizeof(float), 1.0f);
+  std::vector<double> passes;
+  auto stream_pass = [&] {
+    if (stream_buf.empty()) return;
+    comm.barrier();
+    passes.push_back(core::read_pass_bytes_per_s(stream_buf.data(), stream_buf.size()));
+  };
   std::vector<double> o_dec(B * K * T * H * D), lse_dec(B * H * K * T);
-  std::vector<double> step, merge, slowest;
+  std::vector<double> step, attend_t, merge, slowest;
   std::vector<A> o(B * T * H * D), lse(B * H * T);
   Index kv_bytes = 0;
   for (Index j = 0; j < K; ++j) {
@@ -121,9 +182,11 @@ DecodeResult run_typed(const comm::Comm& comm, const DecodeConfig& c, const core
     const auto q = generate<S>(c.seed, InputTensor::q, B, S_all, H * D, one, T);
     const auto k = generate<S>(c.seed, InputTensor::k, B, S_all, HKV * D, one, T);
     const auto v = generate<S>(c.seed, InputTensor::v, B, S_all, HKV * D, one, T);
+    stream_pass();
     comm.barrier();
     const DecodeStats st = cache->decode(T, q.data(), k.data(), v.data(), o.data(), lse.data());
     step.push_back(st.step_s);
+    attend_t.push_back(st.attend_s);
     merge.push_back(st.merge_s);
     double sl = st.step_s;
     comm.allreduce_max(std::span<double>(&sl, 1));
@@ -141,57 +204,114 @@ DecodeResult run_typed(const comm::Comm& comm, const DecodeConfig& c, const core
     }
   }
   res.decode_step_s = slowest.empty() ? 0 : core::median(slowest);
-  // Per rank: its cache, the bytes one step read, its median step and merge.
-  const double mine[3] = {double(cache->local_positions()), step.empty() ? 0 : core::median(step),
-                          merge.empty() ? 0 : core::median(merge)};
-  const auto per_rank = comm.all_gatherv(std::span<const double>(mine, 3));
+
+  // The merge's yardstick, measured after the steps in the same run: an MPI_Allreduce (sum) of as
+  // many values as one rank's merge state.
+  // The merge alone is timed the same way, all ranks starting together: in a step it also waits
+  // for the slowest rank's attention.
+  res.state_values = B * T * H * (D + 2);
+  {
+    const Index rows = B * T * H;
+    std::vector<A> buf(res.state_values, A(1)), state(res.state_values, A(1)), merged;
+    std::fill_n(state.begin(), rows, A(r));  // m: the ranks' maxima differ
+    std::vector<double> t_sum, t_merge;
+    for (int rep = 0; rep < 21; ++rep) {
+      comm.barrier();
+      double t0 = comm::wtime();
+      comm::allreduce_sum(comm, std::span<A>(buf));
+      t_sum.push_back(comm::wtime() - t0);
+      comm.barrier();
+      t0 = comm::wtime();
+      merge_partial_states(comm, c.merge, rows, D, state, merged);
+      t_merge.push_back(comm::wtime() - t0);
+    }
+    double med[2] = {core::median(t_sum), core::median(t_merge)};
+    comm.allreduce_max(std::span<double>(med, 2));
+    res.allreduce_s = med[0];
+    res.merge_alone_s = med[1];
+  }
+  while (!stream_buf.empty() && passes.size() < 5) stream_pass();
+  const double stream = core::median(passes);
+  res.stream_buffer_bytes = Index(per_rank);
+  stream_buf = {};
+
+  // Per rank: its cache, the bytes one step read, its median step, merge and attention, its stream.
+  const double mine[5] = {double(cache->local_positions()), step.empty() ? 0 : core::median(step),
+                          merge.empty() ? 0 : core::median(merge), attend_t.empty() ? 0 : core::median(attend_t),
+                          stream};
+  const auto per = comm.all_gatherv(std::span<const double>(mine, 5));
   const auto bytes = comm.all_gather(kv_bytes);
   for (int q = 0; q < N; ++q) {
-    res.cache_positions.push_back(Index(per_rank[q][0]));
-    res.step_s.push_back(per_rank[q][1]);
-    res.merge_s.push_back(per_rank[q][2]);
+    res.cache_positions.push_back(Index(per[q][0]));
+    res.step_s.push_back(per[q][1]);
+    res.merge_s.push_back(per[q][2]);
+    res.attend_s.push_back(per[q][3]);
+    res.rank_stream_bytes_per_s.push_back(per[q][4]);
     res.kv_bytes_per_step.push_back(bytes[q]);
   }
-  res.stream_bytes_per_s = r == 0 ? stream_read_bandwidth() : 0;  // rank 0's core, as the summary and report show
+  res.stream_bytes_per_s = res.rank_stream_bytes_per_s[0];
 
-  // The prompt's O and LSE, gathered to rank 0 in global order.
+  // The prompt's O and LSE (attended only), gathered to rank 0 in global order.
   const core::Layout prompt_layout = make_layout(c.layout, S0, N, {}, true, c.window.value_or(0), cli_names());
-  std::vector<double> o0d(o0.begin(), o0.end()), lse0d(lse0.begin(), lse0.end());
-  const auto o_prefill = gather_positions(comm, o0d, B, H * D, prompt_layout, 0);
-  const auto lse_prefill = gather_positions(comm, lse0d, B * H, 1, prompt_layout, 0);
-  if (r == 0 && (c.check || !c.out.empty())) {
-    const core::DType file = core::accum_dtype(core::dtype_of<S>());
-    const auto gq = global_f64<S>(c.seed, InputTensor::q, B, S_all, H * D);
-    const auto gk = global_f64<S>(c.seed, InputTensor::k, B, S_all, HKV * D);
-    const auto gv = global_f64<S>(c.seed, InputTensor::v, B, S_all, HKV * D);
-    if (c.check) {
-      const core::Mask mask = core::Mask::make(S_all, true, c.window.value_or(0), {});
-      const double scale = c.scale ? *c.scale : 1.0 / std::sqrt(double(D));
+  std::vector<double> o_prefill, lse_prefill;
+  if (attend) {
+    std::vector<double> o0d(o0.begin(), o0.end()), lse0d(lse0.begin(), lse0.end());
+    o_prefill = gather_positions(comm, o0d, B, H * D, prompt_layout, 0);
+    lse_prefill = gather_positions(comm, lse0d, B * H, 1, prompt_layout, 0);
+  }
+  const bool out = !c.out.empty();
+  std::vector<double> gq, gk, gv;
+  if (r == 0 && (c.check || out)) {
+    gq = global_f64<S>(c.seed, InputTensor::q, B, S_all, H * D);
+    gk = global_f64<S>(c.seed, InputTensor::k, B, S_all, HKV * D);
+    gv = global_f64<S>(c.seed, InputTensor::v, B, S_all, HKV * D);
+  }
+  if (r == 0 && c.check) {
+    const core::Mask mask = core::Mask::make(S_all, true, c.window.value_or(0), {});
+    const double scale = c.scale ? *c.scale : 1.0 / std::sqrt(double(D));
+    res.checked = true;
+    res.tolerance = check_tolerance(core::dtype_of<S>());
+    if (attend) {
       const std::vector<double> no_dout(gq.size(), 0.0);
       const core::DenseResult ref = core::reference_attention(res.shape, mask, scale, gq, gk, gv, no_dout, false);
-      res.checked = true;
-      res.tolerance = check_tolerance(core::dtype_of<S>());
       res.err_o_prefill = core::max_rel_error(o_prefill, rows(ref.o, B, S_all, H * D, 0, S0));
       res.err_lse_prefill = core::max_rel_error(lse_prefill, rows(ref.lse, B * H, S_all, 1, 0, S0), 1.0);
       res.err_o_decode = core::max_rel_error(o_dec, rows(ref.o, B, S_all, H * D, S0, K * T));
       res.err_lse_decode = core::max_rel_error(lse_dec, rows(ref.lse, B * H, S_all, 1, S0, K * T), 1.0);
-      res.passed = std::max({res.err_o_prefill, res.err_lse_prefill, res.err_o_decode, res.err_lse_decode}) <=
-                   res.tolerance;
+    } else {  // the prompt was not attended: the decode rows only, each against its definition
+      std::vector<double> ro, rl;
+      decode_rows_reference(res.shape, S0, mask, scale, gq, gk, gv, ro, rl);
+      res.err_o_decode = core::max_rel_error(o_dec, ro);
+      res.err_lse_decode = core::max_rel_error(lse_dec, rl, 1.0);
     }
-    if (!c.out.empty()) {
-      write_file(c.out, "q.npy", file, {B, S_all, H, D}, gq);
-      write_file(c.out, "k.npy", file, {B, S_all, HKV, D}, gk);
-      write_file(c.out, "v.npy", file, {B, S_all, HKV, D}, gv);
-      write_file(c.out, "o_prefill.npy", file, {B, S0, H, D}, o_prefill);
-      write_file(c.out, "o_decode.npy", file, {B, K * T, H, D}, o_dec);
-    }
+    res.passed = std::max({res.err_o_prefill, res.err_lse_prefill, res.err_o_decode, res.err_lse_decode}) <=
+                 res.tolerance;
   }
-  int flags[2] = {res.passed ? 0 : 1, res.identical_on_every_rank ? 0 : 1};
-  std::int64_t f[2] = {flags[0], flags[1]};
+  std::int64_t f[2] = {res.passed ? 0 : 1, res.identical_on_every_rank ? 0 : 1};
   comm.allreduce_max(std::span<std::int64_t>(f, 2));
   res.passed = f[0] == 0;
   res.identical_on_every_rank = f[1] == 0;
   res.exit_code = (res.passed && res.identical_on_every_rank) ? kExitOk : kExitCheckFailed;
+  // --out: one committed set, staged here and put in place by commit() all at once.
+  const core::DType file = core::accum_dtype(core::dtype_of<S>());
+  std::vector<OutputTensor> files;
+  auto whole = [&](const char* name, std::vector<Index> shape, const std::vector<double>& data) {
+    OutputTensor t;
+    t.name = name;
+    t.shape = std::move(shape);
+    t.pos_axis = kWhole;
+    t.f64 = data;
+    t.file_dtype = file;
+    files.push_back(std::move(t));
+  };
+  if (out) {
+    whole("q", {B, S_all, H, D}, gq);
+    whole("k", {B, S_all, HKV, D}, gk);
+    whole("v", {B, S_all, HKV, D}, gv);
+    if (attend) whole("o_prefill", {B, S0, H, D}, o_prefill);
+    whole("o_decode", {B, K * T, H, D}, o_dec);
+  }
+  staged.stage(files, prompt_layout);
   return res;
 }
 
@@ -211,12 +331,21 @@ io::Json report_json(const DecodeConfig& c, const DecodeResult& r) {
   cfg["layout"] = r.layout;
   cfg["window"] = c.window.value_or(0);
   cfg["seed"] = static_cast<std::int64_t>(c.seed);
+  cfg["prefill"] = c.prefill;
+  cfg["merge"] = c.merge;
+  cfg["simd"] = r.simd;
   j["config"] = cfg;
   io::Json t = io::Json::object();
   t["prefill_s"] = r.prefill_s;
   t["decode_step_s"] = r.decode_step_s;
   j["time"] = t;
   j["stream_bytes_per_s"] = r.stream_bytes_per_s;
+  j["stream_buffer_bytes"] = r.stream_buffer_bytes;
+  io::Json mg = io::Json::object();
+  mg["state_values"] = r.state_values;  // B T H (D + 2), per rank
+  mg["merge_s"] = r.merge_alone_s;      // the merge alone, all ranks starting together: median, slowest rank
+  mg["allreduce_s"] = r.allreduce_s;    // MPI_Allreduce (sum) of as many values, timed alike
+  j["merge"] = mg;
   j["identical_on_every_rank"] = r.identical_on_every_rank;
   if (r.checked) {
     io::Json ck = io::Json::object(), e = io::Json::object();
@@ -237,6 +366,9 @@ io::Json report_json(const DecodeConfig& c, const DecodeResult& r) {
     d["kv_bytes_per_step"] = r.kv_bytes_per_step[q];
     d["step_s"] = r.step_s[q];
     d["merge_s"] = r.merge_s[q];
+    d["attend_s"] = r.attend_s[q];
+    d["bytes_per_s"] = r.step_s[q] > 0 ? double(r.kv_bytes_per_step[q]) / r.step_s[q] : 0.0;
+    d["stream_bytes_per_s"] = r.rank_stream_bytes_per_s[q];
     rr["decode"] = d;
     ranks.push_back(rr);
   }
@@ -245,32 +377,6 @@ io::Json report_json(const DecodeConfig& c, const DecodeResult& r) {
 }
 
 }  // namespace
-
-double stream_read_bandwidth() {
-  // 128 MiB of floats, past any core's share of the last-level cache; four sums so the adds do not
-  // chain; the better of two passes.
-  static const double measured = [] {
-    const std::size_t n = std::size_t(32) << 20;
-    std::vector<float> buf(n, 1.0f);
-    double best = 0;
-    for (int rep = 0; rep < 2; ++rep) {
-      const auto t0 = std::chrono::steady_clock::now();
-      float s0 = 0, s1 = 0, s2 = 0, s3 = 0;
-      for (std::size_t i = 0; i < n; i += 4) {
-        s0 += buf[i];
-        s1 += buf[i + 1];
-        s2 += buf[i + 2];
-        s3 += buf[i + 3];
-      }
-      const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      volatile float sink = s0 + s1 + s2 + s3;
-      (void)sink;
-      best = std::max(best, double(n * sizeof(float)) / dt);
-    }
-    return best;
-  }();
-  return measured;
-}
 
 DecodeResult run_decode(comm::Comm& comm, const DecodeConfig& c) {
   core::Shape s;
@@ -285,8 +391,11 @@ DecodeResult run_decode(comm::Comm& comm, const DecodeConfig& c) {
     s.HKV = c.kv_heads.value_or(s.H);
     check_shape(s, cli_names());
     dtype = parse_dtype(c.dtype, cli_names());
-    if (!c.out.empty() && !std::filesystem::is_directory(c.out))
-      throw InputError(fmt::format("--out {}: is not a directory (expected a writable directory)", c.out));
+    if (c.prefill != "attend" && c.prefill != "load")
+      throw InputError(fmt::format("--prefill: '{}' is not a prefill (expected attend or load)", c.prefill));
+    if (c.merge != "gather" && c.merge != "allreduce")
+      throw InputError(fmt::format("--merge: '{}' is not a merge (expected gather or allreduce)", c.merge));
+    if (c.stream_mib < 0) throw InputError(fmt::format("--stream-mib: {} is negative", c.stream_mib));
   });
   if (c.timeout_s && !(std::isfinite(*c.timeout_s) && *c.timeout_s >= 0))
     throw InputError(fmt::format("--timeout: {} is not a time (expected SEC >= 0; 0 disables the watchdog)",
@@ -294,13 +403,16 @@ DecodeResult run_decode(comm::Comm& comm, const DecodeConfig& c) {
   // The plan's default watchdog, for the prompt's ring and (with --check) the reference on rank 0.
   const double check_flops = c.check ? 4.0 * double(s.B) * double(s.S) * double(s.S) * double(s.H * s.D) : 0.0;
   comm.set_timeout(c.timeout_s.value_or(default_timeout(s, s.S, false, check_flops)));
-  DecodeResult res = core::with_storage(dtype, [&]<class S>() { return run_typed<S>(comm, c, s); });
+  StagedOutputs staged(comm, OutputPaths{c.out, c.report, "", {}});  // every path checked before any compute
+  DecodeResult res = core::with_storage(dtype, [&]<class S>() { return run_typed<S>(comm, c, s, staged); });
+  res.simd = core::simd::current();
   res.dtype = core::dtype_name(dtype);
   res.layout = core::layout_name(make_layout(c.layout, c.cache_len, comm.size(), {}, true, c.window.value_or(0),
                                              cli_names()).kind());
   res.mask = c.window ? fmt::format("causal window {}", *c.window) : "causal";
   res.report = report_json(c, res);
-  if (comm.rank() == 0 && !c.report.empty()) io::write_text_atomically(c.report, res.report.dump() + "\n");
+  if (comm.rank() == 0) staged.set_report(res.report.dump() + "\n");
+  staged.commit();
   return res;
 }
 
