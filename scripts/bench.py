@@ -6,6 +6,7 @@ one CSV schema (results.py renders the tables of README.md and docs/ from such C
                                [--head-dims 64,128] [--dtypes f32,f64] [--no-pieces] [--no-causal]
     scripts/bench.py vs-torch  [--seq 8192] [--heads 8] [--head-dim 64] [--iters 3] [--rounds 5]
                                [--causal] [--no-torch] [--targets default]
+    scripts/bench.py vs-sdpa   [--python "CMD"] [--seqs 4096,8192] [--iters 3] [--rounds 3] [--dtypes f32]
     scripts/bench.py python    [--seq 8192] [--heads 8] [--head-dim 64] [--iters 3] [--rounds 3]
     scripts/bench.py layouts   [--seq 8192] [--heads 4] [--head-dim 64] [--iters 3] [--timed 2] [--counted "4 8"]
     scripts/bench.py memory    [--seqs "16384 65536"] [--ranks 2] [--layout contiguous]
@@ -321,6 +322,66 @@ def bench_vs_torch(a, rows):
             rows.add(c, "of_ceiling", 100 * med(p / 2 / total(y) for y, p in zip(n2, pair)), "%", ran)
 
 
+# ---- vs-sdpa: ringattn at N=1 and N=2 against PyTorch 2.x scaled_dot_product_attention -----------
+def bench_vs_sdpa(a, rows):
+    """S = seqs[0] on one thread (SDPA one thread, ringattn N=1) and S = seqs[1] on two (SDPA two
+    threads, ringattn N=2), causal and not; each round runs every case once, SDPA then ringattn, and
+    the figures are medians over the rounds of each run's median over --iters."""
+    if a.parse_only:  # scripts/bench_sdpa.sh checks its options before it makes or mounts anything
+        sys.exit(0)
+    ensure_built(("ringattn_app", BIN))
+    python = shlex.split(a.python)
+    script = open(os.path.join(ROOT, "tests", "bench", "sdpa_attention.py")).read()
+    plan = [(1, a.seqs[0])] + ([(2, a.seqs[1])] if len(a.seqs) > 1 else [])
+    cases = [(n, s, causal, dt) for n, s in plan for causal in (False, True) for dt in a.dtypes]
+    sdpa = {c: [] for c in cases}
+    ours = {c: [] for c in cases}
+    version = ""
+    with tempfile.TemporaryDirectory() as d:
+        for r in range(a.rounds):
+            for c in cases:
+                n, s, causal, dt = c
+                log(f"round {r + 1}/{a.rounds}: S={s} {'causal' if causal else 'full'} {dt}: SDPA on {n} thread(s)")
+                args = ["--seq", str(s), "--heads", str(a.heads), "--head-dim", str(a.head_dim), "--threads", str(n),
+                        "--iters", str(a.iters), "--dtype", dt] + (["--causal"] if causal else [])
+                env = mpi_env(OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS=str(n))
+                p = subprocess.run(python + ["-", *args], input=script, env=env, capture_output=True, text=True)
+                if p.returncode != 0:
+                    tail = "\n".join((p.stderr or p.stdout).strip().splitlines()[-5:])
+                    print(f"bench: SDPA under {a.python!r} failed (exit {p.returncode}):\n{tail}", file=sys.stderr)
+                    sys.exit(3)
+                t = json.loads(p.stdout.strip().splitlines()[-1])
+                version = t["torch"]
+                sdpa[c].append(t)
+                log(f"round {r + 1}/{a.rounds}: S={s} {'causal' if causal else 'full'} {dt}: ringattn N={n}")
+                runargs = ["run", "--seq", str(s), "--heads", str(a.heads), "--head-dim", str(a.head_dim), "--dtype",
+                           dt, "--iters", str(a.iters), "--warmup", "1"] + (["--causal"] if causal else [])
+                ours[c].append(mpirun(n, runargs, f"{d}/run.json"))
+    for c in cases:
+        n, s, causal, dt = c
+        shape = dict(S=s, H=a.heads, D=a.head_dim, dtype=dt, mask="causal" if causal else "none")
+        t = sdpa[c]
+        tf, tb = med(x["forward_s"] for x in t), med(x["backward_s"] for x in t)
+        flops = t[0]["flops_forward"] + t[0]["flops_backward"]
+        cs = case(impl="pytorch-sdpa", threads=n, torch=version, rounds=a.rounds, **shape)
+        rows.add(cs, "forward_s", tf, "s")
+        rows.add(cs, "backward_s", tb, "s")
+        rows.add(cs, "total_s", tf + tb, "s")
+        rows.add(cs, "gflops", flops / (tf + tb) * 1e-9, "GFLOP/s")
+        reps = ours[c]
+        simd = reps[0]["config"]["simd"]
+        f, b = med(x["time"]["forward_s"] for x in reps), med(x["time"]["backward_s"] for x in reps)
+        cr = case(impl="ringattn", N=n, rounds=a.rounds, **shape)
+        rows.add(cr, "forward_s", f, "s", simd)
+        rows.add(cr, "backward_s", b, "s", simd)
+        rows.add(cr, "total_s", f + b, "s", simd)
+        rows.add(cr, "gflops", flops / (f + b) * 1e-9, "GFLOP/s", simd)
+        rows.add(cr, "speedup_vs_sdpa", (tf + tb) / (f + b), "x", simd)
+        # the same ratio per round (SDPA and ringattn ran back to back), its median
+        rows.add(cr, "speedup_vs_sdpa_paired", med((x["forward_s"] + x["backward_s"]) / total(y)
+                                                   for x, y in zip(t, reps)), "x", simd)
+
+
 # ---- python: the binding against the command line -----------------------------------------------
 def bench_python(a, rows):
     ensure_built(("ringattn_app", BIN), ("ringattn_python", os.path.join(BUILD, "python", "ringattn")))
@@ -481,6 +542,20 @@ def parser():
     p.add_argument("--no-torch", dest="torch", action="store_false")
     p.add_argument("--targets", type=words, default=["default"])
 
+    p = add("vs-sdpa", bench_vs_sdpa, "ringattn at N=1 and N=2 against PyTorch 2.x scaled_dot_product_attention "
+            "(forward + backward, one and two threads)")
+    p.add_argument("--python", default="/usr/bin/python3",
+                   help="the command that runs a Python with torch >= 2.1 (it reads the timing script on stdin); "
+                        "scripts/bench_sdpa.sh passes its Debian 13 chroot")
+    p.add_argument("--seqs", type=positive_list, default=[4096, 8192],
+                   help="S on one thread (N=1), then S on two threads (N=2)")
+    p.add_argument("--heads", type=positive, default=8)
+    p.add_argument("--head-dim", type=positive, default=64)
+    p.add_argument("--iters", type=positive, default=3)
+    p.add_argument("--rounds", type=positive, default=3)
+    p.add_argument("--dtypes", type=words, default=["f32"], help="f32 and/or bf16")
+    p.add_argument("--parse-only", action="store_true", help=argparse.SUPPRESS)
+
     p = add("python", bench_python, "ringattn.attention + backward from Python against `ringattn run`, N=2")
     p.add_argument("--seq", type=positive, default=8192)
     p.add_argument("--heads", type=positive, default=8)
@@ -512,7 +587,8 @@ def parser():
 def main(argv):
     a = parser().parse_args(argv)
     started = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%MZ")
-    command = " ".join(["scripts/bench.py"] + [shlex.quote(x) for x in argv])
+    # a wrapper (scripts/bench_sdpa.sh) names itself as the command that reproduces the rows
+    command = os.environ.get("RINGATTN_BENCH_COMMAND") or " ".join(["scripts/bench.py"] + [shlex.quote(x) for x in argv])
     rows = Rows(a.what)
     a.func(a, rows)
     common = dict(commit=commit(), cpu=cpu_model(), date=started, command=command)

@@ -177,6 +177,26 @@ def t_vs_torch(dated):
     return out + [""] + provenance(rows, dated)
 
 
+def t_vs_sdpa(dated):
+    rows = load("vs-sdpa.csv")
+    lines = []
+    for c in dict.fromkeys(r["case"] for r in rows if kv(r["case"])["impl"] == "ringattn"):
+        d = kv(c)
+        sub = [r for r in rows if r["case"] == c]
+        want = dict(impl="pytorch-sdpa", threads=d["N"], S=d["S"], mask=d["mask"], dtype=d["dtype"])
+        t = [r for r in rows if all(kv(r["case"]).get(k) == v for k, v in want.items())]
+        lines.append([d["S"], d["mask"], d["dtype"], f"{d['N']}", num(pick(t, "total_s"), ".3f"),
+                      num(pick(t, "gflops"), ".1f"), num(pick(sub, "total_s"), ".3f"), num(pick(sub, "gflops"), ".1f"),
+                      num(pick(sub, "speedup_vs_sdpa"), ".2f") + "×", num(pick(sub, "speedup_vs_sdpa_paired"), ".2f") + "×"])
+    d = kv(rows[0]["case"])
+    ours = next(r for r in rows if kv(r["case"])["impl"] == "ringattn")
+    out = [f"PyTorch {d['torch']} `scaled_dot_product_attention` on T threads against ringattn N=T "
+           f"(kernels {ours['simd']}), H={d['H']}, D={d['D']}, forward + backward, medians of {d['rounds']} rounds:", ""]
+    out += md(["S", "mask", "dtype", "threads = N", "SDPA s", "SDPA GFLOP/s", "ringattn s", "ringattn GFLOP/s",
+               "speedup", "speedup, paired rounds"], lines, "rllrrrrrrr")
+    return out + [""] + provenance(rows, dated)
+
+
 def t_python(dated):
     rows = load("python.csv")
     d = kv(rows[0]["case"])
@@ -246,7 +266,8 @@ def t_simulation(dated):
     return simulated_table(path).splitlines()
 
 
-TABLES = {"headline": t_headline, "kernel": t_kernel, "vs-torch": t_vs_torch, "python": t_python,
+TABLES = {"headline": t_headline, "kernel": t_kernel, "vs-torch": t_vs_torch, "vs-sdpa": t_vs_sdpa,
+          "python": t_python,
           "layouts": t_layouts, "memory": t_memory, "dtype": t_dtype, "simulation": t_simulation}
 MARK = re.compile(r"(<!-- results:([a-z-]+) -->\n)(.*?)(<!-- /results:\2 -->)", re.S)
 

@@ -6,6 +6,8 @@
 #                               core (scripts/test_aarch64.sh)
 #   scripts/setup.sh --simgrid  also SimGrid (smpicxx, smpirun) for simulated clusters
 #                               (scripts/simulate.sh, scripts/test_simgrid.sh)
+#   scripts/setup.sh --debootstrap  also debootstrap, which scripts/bench_sdpa.sh uses to make its
+#                               Debian 13 chroot with PyTorch 2.x
 set -euo pipefail
 
 packages=(
@@ -26,7 +28,8 @@ for a in "$@"; do
   case "$a" in
     --aarch64) arm=1 ;;
     --simgrid) packages+=(libsimgrid-dev) ;;  # smpicxx, smpirun and the SimGrid library
-    *) echo "setup.sh: unknown option $a (expected --aarch64 or --simgrid)" >&2; exit 2 ;;
+    --debootstrap) packages+=(debootstrap) ;;  # the PyTorch 2.x chroot of scripts/bench_sdpa.sh
+    *) echo "setup.sh: unknown option $a (expected --aarch64, --simgrid or --debootstrap)" >&2; exit 2 ;;
   esac
 done
 if [ "$arm" = 1 ]; then
