@@ -8,9 +8,11 @@
 //             group's gather in flight while this one is attended; the rank's query rows of the
 //             group's query heads attend block q = 0 .. N-1 in rank order with the online softmax;
 //   backward: the group's K/V gathered again (as in the forward, the next group in flight); dQ kept
-//             locally; every block's dK/dV contribution computed into a buffer of all S positions,
-//             then a reduce-scatter returns each to its owner, which sums them in source-rank
-//             order (in the accumulation type), so results are bitwise reproducible for N and G.
+//             locally; blocks taken in the order r+1, .., r (mod N), each block's dK/dV
+//             contribution computed into a buffer of all S positions and sent to its owner as soon
+//             as it is done (a reduce-scatter pipelined with the compute, each owner receiving from
+//             one rank at a time); the owner sums them in source-rank order (in the accumulation
+//             type), so results are bitwise reproducible for N and G.
 // Memory: two gathered groups (2 x 2 B G S D storage elements) and, in the backward, one group's
 // contributions for all S positions (2 B G S D accumulation elements).
 //
@@ -83,6 +85,7 @@ class AllGatherAttention final : public Strategy<S> {
   std::vector<Range> give_;   // [N]: what rank q needs of this rank's positions
   std::vector<Index> displ_;  // [N + 1]: where owner q's slice starts in a gathered group (elements)
   std::vector<Index> sdispl_; // [N + 1]: where peer q's slice starts in send_ (elements)
+  std::vector<Index> rdispl_; // [N + 1]: where source q's dK/dV slice starts in returned_ (elements)
   core::Packing pq_;          // one group's query rows: [B, G, L, H/HKV, D]
   std::vector<S> q_file_, k_file_, v_file_, dout_file_;  // this rank's shard, file order
   std::vector<Group> g_;
@@ -90,7 +93,7 @@ class AllGatherAttention final : public Strategy<S> {
   core::AlignedVector<S> send_;          // sliced: every peer's slice of this rank's block
   core::AlignedVector<S> gathered_[2];   // two groups' K/V of every rank
   core::AlignedVector<A> contrib_;       // backward: one group's dK/dV for all S positions, rank-major
-  core::AlignedVector<A> returned_;      // backward: every rank's contribution to this rank's block
+  core::AlignedVector<A> returned_;      // backward: every other rank's contribution to this rank's block
   core::Workspace<A> ws_;
   core::Ledger ledger_;
   bool backward_ready_ = false;

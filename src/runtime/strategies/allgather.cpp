@@ -34,8 +34,8 @@ void unpack_slice(const core::Packing& p, const T* packed, Index H, Index h0, T*
         std::copy_n(packed + p.q_group(b, g) + i * p.G * p.D, p.G * p.D, file + ((b * p.L + i) * H + h0 + g * p.G) * p.D);
 }
 
-// One kind of message (MPI's non-overtaking order keeps a pair's groups in sequence).
-constexpr int kTagGather = 21;
+// One tag per kind of message (MPI's non-overtaking order keeps a pair's groups in sequence).
+constexpr int kTagGather = 21, kTagReduce = 22;
 
 // The keys query i sees form one interval [first, last] of global positions that contains i (every
 // mask: causal, window, documents and their combinations), and both ends are non-decreasing in i.
@@ -127,6 +127,7 @@ AllGatherAttention<S>::AllGatherAttention(const comm::Comm& comm, const Strategy
     displ_[q + 1] = displ_[q] + block_elems(q);
     sdispl_[q + 1] = sdispl_[q] + (q == r_ ? 0 : give_elems(q));
   }
+  rdispl_ = sdispl_;  // the reduce-scatter receives, in the accumulation type, what the gather sent
   g_.resize(groups_);
   for (Group& g : g_) {
     g.q.resize(pq_.q_elems());
@@ -180,9 +181,7 @@ void AllGatherAttention<S>::allocate_backward() {
     g.dkv.resize(2 * own_packing().kv_elems());
   }
   contrib_.resize(displ_[N_]);
-  Index returned = 0;
-  for (int q = 0; q < N_; ++q) returned += give_elems(q);
-  returned_.resize(returned);
+  returned_.resize(rdispl_[N_]);
 }
 
 template <class S>
@@ -318,32 +317,41 @@ PassStats AllGatherAttention<S>::backward() {
     }
     const core::QueryShard<S> qs{pq_, s_.layout->positions(r_), grp.q.data()};
     const core::GradQueryShard<S> gq{qs, grp.dout.data(), grp.m.data(), grp.l.data(), grp.delta.data(), grp.dq.data()};
-    for (int q = 0; q < N_; ++q) {
-      if (need_[q].size() == 0 || L_ == 0) continue;
+    // Reduce-scatter, pipelined: every other rank's contribution to this rank's block is received
+    // while this rank computes; its own contribution to block q goes to q as soon as block q is
+    // done. Blocks are taken in the order r+1, r+2, .., r (mod N), so at any moment each owner
+    // receives from one rank, as in the ring, and the last send overlaps the own block.
+    comm::Exchange reduce(comm_);
+    Index sent = 0, received = 0;
+    for (int q = 0; q < N_; ++q)
+      if (q != r_ && give_[q].size() > 0) {
+        reduce.irecv(returned_.data() + rdispl_[q], give_elems(q) * sizeof(A), q, kTagReduce);
+        received += give_elems(q);
+      }
+    for (int j = 1; j <= N_; ++j) {
+      const int q = (r_ + j) % N_;
+      if (need_[q].size() == 0) continue;
       A* dk = contrib_.data() + displ_[q];
       A* dv = dk + block_packing(q).kv_elems();
-      step.compute(
-          [&] {
-            return core::block_backward(gq, view(q, kv), *s_.mask, scale, dk, dv, ws_, [&] {
-              gather[(g + 1) % 2].test();
-              if (s_.poll) s_.poll();
-            });
-          },
-          [&] { return core::count_block_forward(qs, view(q, kv), *s_.mask, ws_); }, 2.5);
+      if (L_ > 0)
+        step.compute(
+            [&] {
+              return core::block_backward(gq, view(q, kv), *s_.mask, scale, dk, dv, ws_, [&] {
+                gather[(g + 1) % 2].test();
+                reduce.test();
+                if (s_.poll) s_.poll();
+              });
+            },
+            [&] { return core::count_block_forward(qs, view(q, kv), *s_.mask, ws_); }, 2.5);
+      if (q != r_) {  // a rank without queries still sends its (zero) contribution: the owner waits for it
+        reduce.isend(dk, block_elems(q) * sizeof(A), q, kTagReduce);
+        sent += block_elems(q);
+      }
     }
-    // Reduce-scatter: each contribution (for the slice this rank gathered) to its owner; the owner
-    // sums them in source-rank order.
-    std::vector<std::int64_t> sc(N_), sd(N_), rc(N_), rd(N_);
-    Index rdispl = 0, sent = 0, received = 0;
-    for (int q = 0; q < N_; ++q) {
-      sc[q] = block_elems(q) * Index(sizeof(A));
-      sd[q] = displ_[q] * Index(sizeof(A));
-      rc[q] = give_elems(q) * Index(sizeof(A));
-      rd[q] = rdispl * Index(sizeof(A));
-      rdispl += give_elems(q);
-      if (q != r_) sent += block_elems(q), received += give_elems(q);
-    }
-    step.waited(comm_.alltoallv(contrib_.data(), sc, sd, returned_.data(), rc, rd, "the dK/dV reduce-scatter"));
+    step.waited(reduce.wait([&] {
+      return fmt::format("rank {} backward: the dK/dV reduce-scatter of kv-head group {} (of 0..{})", r_, g,
+                         groups_ - 1);
+    }));
     step.moved((sent + received) * Index(sizeof(A)));
     ledger_.rs_bwd_send_elems += sent;
     ledger_.rs_bwd_recv_elems += received;
@@ -353,9 +361,9 @@ PassStats AllGatherAttention<S>::backward() {
       // dK then dV of [B, G, L, D]; source q's slice covers local rows give_[q].
       const core::Packing own = own_packing();
       std::fill(grp.dkv.begin(), grp.dkv.end(), A(0));
-      const A* src = returned_.data();
-      for (int q = 0; q < N_; ++q) {
+      for (int q = 0; q < N_; ++q) {  // in source-rank order, this rank's own contribution in its place
         const Range rg = give_[q];
+        const A* src = q == r_ ? contrib_.data() + displ_[r_] : returned_.data() + rdispl_[q];
         const core::Packing p{own.B, own.HKV, 1, rg.size(), own.D};
         for (int part = 0; part < 2; ++part)
           for (Index b = 0; b < p.B; ++b)
@@ -364,7 +372,6 @@ PassStats AllGatherAttention<S>::backward() {
               A* to = grp.dkv.data() + part * own.kv_elems() + own.kv_group(b, h) + rg.lo * own.D;
               for (Index e = 0; e < rg.size() * own.D; ++e) to[e] += from[e];
             }
-        src += 2 * p.kv_elems();
       }
     }
     step.end();
