@@ -171,6 +171,7 @@ std::vector<Case> cases() {
        {2, N, 2 * N}},
       {"seq_below_ranks", Shape{1, N / 2 + 1, N, 1, 4}, LayoutKind::contiguous, true},
       {"partition_empty_shards", Shape{1, 11, N, N, 4}, LayoutKind::contiguous, true, 0, {}, part},
+      {"window_partition_empty_shards", Shape{1, 11, N, N, 4}, LayoutKind::contiguous, true, 4, {}, part},
   };
 }
 

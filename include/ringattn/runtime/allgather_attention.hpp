@@ -81,6 +81,10 @@ class AllGatherAttention final : public Strategy<S> {
   int r_, N_, G_, groups_;   // G kv heads per group, HKV / G groups
   Index L_;
   bool sliced_ = false;       // point-to-point slices instead of the all-gather
+  // Point-to-point messages instead of MPI_Iallgatherv: when sliced, and in the simulation build,
+  // whose collectives are blocking (SMPI's nonblocking ones fan out point to point anyway), so
+  // that the simulated gather overlaps the compute as the real one does.
+  bool p2p_ = false;
   std::vector<Range> need_;   // [N]: what this rank needs of owner q's positions
   std::vector<Range> give_;   // [N]: what rank q needs of this rank's positions
   std::vector<Index> displ_;  // [N + 1]: where owner q's slice starts in a gathered group (elements)

@@ -121,6 +121,7 @@ AllGatherAttention<S>::AllGatherAttention(const comm::Comm& comm, const Strategy
     if (!sliced_)
       for (int q = 0; q < N_; ++q) need_[q] = Range{0, lay.size(q)}, give_[q] = Range{0, L_};
   }
+  p2p_ = sliced_ || comm::simulated();
   displ_.assign(N_ + 1, 0);
   sdispl_.assign(N_ + 1, 0);
   for (int q = 0; q < N_; ++q) {
@@ -211,7 +212,7 @@ template <class S>
 Index AllGatherAttention<S>::start_gather(int g, int slot, comm::Exchange& x, Pass pass) {
   const core::Shape& sh = s_.shape;
   Index received = 0, sent = 0;  // elements
-  if (!sliced_) {
+  if (!p2p_) {
     const core::Packing own = own_packing();
     if (!s_.timing_only) {  // this rank's K then V of the group's kv heads, packed as a block travels
       pack_slice(own, k_file_.data(), sh.HKV, Index(g) * G_, own_block_.data());
@@ -225,6 +226,25 @@ Index AllGatherAttention<S>::start_gather(int g, int slot, comm::Exchange& x, Pa
     x.iallgatherv(own_block_.data(), gathered_[slot].data(), counts, displs, "the K/V all-gather");
     received = displ_[N_] - block_elems(r_);
     sent = Index(N_ - 1) * block_elems(r_);  // what this block costs the others: once per peer
+  } else if (!sliced_) {
+    // The whole block to every peer, point to point (the simulation build: see p2p_).
+    const core::Packing own = own_packing();
+    if (!s_.timing_only) {
+      pack_slice(own, k_file_.data(), sh.HKV, Index(g) * G_, own_block_.data());
+      pack_slice(own, v_file_.data(), sh.HKV, Index(g) * G_, own_block_.data() + own.kv_elems());
+      std::copy_n(own_block_.data(), block_elems(r_), gathered_[slot].data() + displ_[r_]);
+    }
+    // Peers in the order r+1, r+2, ..: the first messages of every rank go to different ranks.
+    for (int j = 1; j < N_; ++j)
+      if (const int q = (r_ + N_ - j) % N_; block_elems(q) > 0) {
+        x.irecv(gathered_[slot].data() + displ_[q], block_elems(q) * sizeof(S), q, kTagGather);
+        received += block_elems(q);
+      }
+    for (int j = 1; j < N_; ++j)
+      if (const int q = (r_ + j) % N_; block_elems(r_) > 0) {
+        x.isend(own_block_.data(), block_elems(r_) * sizeof(S), q, kTagGather);
+        sent += block_elems(r_);
+      }
   } else {
     // Each peer's slice of this rank's K then V (its own slice straight into the gathered group),
     // then one message each way per pair that needs anything.
@@ -237,13 +257,13 @@ Index AllGatherAttention<S>::start_gather(int g, int slot, comm::Exchange& x, Pa
         pack_rows(p, k_file_.data(), L_, rg.lo, sh.HKV, Index(g) * G_, dst);
         pack_rows(p, v_file_.data(), L_, rg.lo, sh.HKV, Index(g) * G_, dst + p.kv_elems());
       }
-    for (int q = 0; q < N_; ++q)
-      if (q != r_ && need_[q].size() > 0) {
+    for (int j = 1; j < N_; ++j)
+      if (const int q = (r_ + N_ - j) % N_; need_[q].size() > 0) {
         x.irecv(gathered_[slot].data() + displ_[q], block_elems(q) * sizeof(S), q, kTagGather);
         received += block_elems(q);
       }
-    for (int q = 0; q < N_; ++q)
-      if (q != r_ && give_[q].size() > 0) {
+    for (int j = 1; j < N_; ++j)
+      if (const int q = (r_ + j) % N_; give_[q].size() > 0) {
         x.isend(send_.data() + sdispl_[q], give_elems(q) * sizeof(S), q, kTagGather);
         sent += give_elems(q);
       }
