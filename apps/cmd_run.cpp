@@ -54,6 +54,10 @@ Command add_run_command(CLI::App& parent) {
                 "(no outputs, no check)");
 #endif
   run->add_option("--rope", c.rope_theta, "RoPE (rotate-half) on q and k at global positions, base THETA; D even");
+  run->add_option("--softcap", c.softcap, "soft-cap the scaled scores: s -> C tanh(s / C) (C > 0; 0: none)");
+  run->add_option("--sinks", c.sinks_file,
+                  "attention sinks: FILE.npy holds [H] logits, one per query head, in every row's softmax "
+                  "denominator; with --out, dsinks.npy is written beside dq, dk, dv");
   run->add_option("--strategy", c.strategy,
                   "ring (default): K/V blocks around the ring; ulysses: all-to-all over heads (H % N == 0); usp: "
                   "Ulysses groups of U consecutive ranks joined by a ring (--ulysses-degree U); allgather: every "

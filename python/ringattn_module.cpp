@@ -218,7 +218,8 @@ class Call {
        std::vector<std::string> dtypes, std::string error, bool failure, bool causal, std::optional<Index> window,
        std::vector<Index> doc_lens, std::string layout, std::vector<Index> partition, std::optional<double> scale,
        std::optional<double> rope, std::string strategy, std::optional<int> ulysses_degree,
-       std::optional<int> kv_head_group, std::optional<double> timeout)
+       std::optional<int> kv_head_group, std::optional<double> timeout, std::optional<double> softcap,
+       std::vector<double> sinks, std::vector<Index> cu_seqlens)
       : q_(std::move(q)), k_(std::move(k)) {
     MPI_Comm* handle = PyMPIComm_Get(comm.ptr());
     if (!handle) throw py::error_already_set();
@@ -236,17 +237,21 @@ class Call {
     o.ulysses_degree = ulysses_degree;
     o.kv_head_group = kv_head_group;
     o.timeout_s = timeout;
+    o.softcap = softcap;
+    o.sinks = sinks;
+    o.cu_seqlens = std::move(cu_seqlens);
     int size = 1;
     MPI_Comm_size(mpi, &size);
     const bool shaped = q_.size() == 4 && k_.size() == 4;
     const std::string shared = fmt::format(
-        "N={} S={} B={} H={} HKV={} D={} {} causal={} window={} docs={} {} part={} scale={} rope={} {} U={} G={} "
-        "timeout={}",
+        "N={} S={} B={} H={} HKV={} D={} {} causal={} window={} docs={} cu={} {} part={} scale={} rope={} {} U={} G={} "
+        "timeout={} softcap={} sinks={}",
         size, seq_len, shaped ? q_[0] : -1, shaped ? q_[2] : -1, shaped ? k_[2] : -1, shaped ? q_[3] : -1,
-        fmt::join(dtypes, ","), causal, window.value_or(0), fmt::join(o.doc_lens, ","), o.layout,
-        fmt::join(o.partition, ","), scale ? fmt::format("{:a}", *scale) : "-", rope ? fmt::format("{:a}", *rope) : "-",
-        o.strategy, ulysses_degree.value_or(0), kv_head_group.value_or(0),
-        timeout ? fmt::format("{:a}", *timeout) : "default");
+        fmt::join(dtypes, ","), causal, window.value_or(0), fmt::join(o.doc_lens, ","), fmt::join(o.cu_seqlens, ","),
+        o.layout, fmt::join(o.partition, ","), scale ? fmt::format("{:a}", *scale) : "-",
+        rope ? fmt::format("{:a}", *rope) : "-", o.strategy, ulysses_degree.value_or(0), kv_head_group.value_or(0),
+        timeout ? fmt::format("{:a}", *timeout) : "default", softcap ? fmt::format("{:a}", *softcap) : "-",
+        sinks.size());  // a plan with sinks is reused with the call's values (set_sinks)
     // The communicator's handle differs between processes: it is this rank's own part of the key.
     const std::string local = fmt::format("{:x} {}/{}/{}", reinterpret_cast<std::uintptr_t>(mpi), shape_text(q_),
                                           shape_text(k_), shape_text(v));
@@ -267,6 +272,7 @@ class Call {
     if (agree[0] == 1 && agree[1] == ~agree[2]) {
       plan_ = std::move(*cached);
       plans().hit();
+      if (!sinks.empty()) plan_.att->set_sinks(sinks);  // collective: every rank reuses its plan here
       return;
     }
     if (cached) plans().give_back(std::move(*cached));  // not every rank has it: build anew, checked
@@ -319,11 +325,14 @@ class Call {
     plan_.att->refuse(why);
   }
 
-  // dout in the storage dtype; dq, dk, dv in the accumulation dtype.
-  void backward(std::uintptr_t dout, std::uintptr_t dq, std::uintptr_t dk, std::uintptr_t dv) {
+  // dout in the storage dtype; dlse [B, H, L] (0: LSE has no gradient), dq, dk, dv and dsinks [H] (0:
+  // none) in the accumulation dtype.
+  void backward(std::uintptr_t dout, std::uintptr_t dlse, std::uintptr_t dq, std::uintptr_t dk, std::uintptr_t dv,
+                std::uintptr_t dsinks) {
     py::gil_scoped_release unlocked;
     clean_ = false;
-    ringattn::core::with_storage(plan_.att->dtype(), [&]<class S>() { run_backward<S>(dout, dq, dk, dv); });
+    ringattn::core::with_storage(plan_.att->dtype(),
+                                 [&]<class S>() { run_backward<S>(dout, dlse, dq, dk, dv, dsinks); });
     clean_ = true;
   }
 
@@ -342,12 +351,15 @@ class Call {
   }
 
   template <class S, class A = ringattn::core::accum_t<S>>
-  void run_backward(std::uintptr_t dout, std::uintptr_t dq, std::uintptr_t dk, std::uintptr_t dv) {
-    plan_.att->backward(view<const S>(dout, q_elems()));
+  void run_backward(std::uintptr_t dout, std::uintptr_t dlse, std::uintptr_t dq, std::uintptr_t dk, std::uintptr_t dv,
+                    std::uintptr_t dsinks) {
+    plan_.att->backward(view<const S>(dout, q_elems()), dlse ? view<const A>(dlse, q_[0] * q_[2] * q_[1])
+                                                             : std::span<const A>());
     ringattn::Outputs<A> out;
     out.dq = view<A>(dq, q_elems());
     out.dk = view<A>(dk, kv_elems());
     out.dv = view<A>(dv, kv_elems());
+    if (dsinks) out.dsinks = view<A>(dsinks, q_[2]);
     plan_.att->outputs(out);
   }
 
@@ -388,7 +400,8 @@ PYBIND11_MODULE(_ringattn, m) {
       .def(py::init<py::object, Index, std::vector<Index>, std::vector<Index>, std::vector<Index>,
                     std::vector<std::string>, std::string, bool, bool, std::optional<Index>, std::vector<Index>,
                     std::string, std::vector<Index>, std::optional<double>, std::optional<double>, std::string,
-                    std::optional<int>, std::optional<int>, std::optional<double>>())
+                    std::optional<int>, std::optional<int>, std::optional<double>, std::optional<double>,
+                    std::vector<double>, std::vector<Index>>())
       .def_property_readonly("dtype", &Call::dtype)
       .def_property_readonly("local_size", &Call::local_size)
       .def("forward", &Call::forward)

@@ -3,7 +3,9 @@
 #include "ringattn/ringattn.hpp"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <optional>
@@ -71,6 +73,7 @@ struct Attention::Impl {
   const runtime::OptionNames* names = &runtime::cpp_names();
   std::variant<Engine<float>, Engine<double>, Engine<core::bf16>, Engine<core::f16>> engine;
   bool loaded = false, forward_done = false, backward_done = false;
+  std::vector<double> dsinks;  // [H] after a backward with sinks
   runtime::PassStats fwd, bwd;
 
   explicit Impl(comm::Comm c) : comm(std::move(c)) {}
@@ -114,20 +117,47 @@ struct Attention::Impl {
     forward_done = backward_done = false;
   }
 
-  template <class S>
-  void backward(std::span<const S> dout) {
+  template <class S, class A = core::accum_t<S>>
+  void backward(std::span<const S> dout, std::span<const A> dlse) {
     const core::Shape& s = opt.shape;
+    std::vector<A> zeros;
     agreed_setup(comm, "loading dout", [&] {
       if (!forward_done) throw InputError("backward: called before forward()");
       if (!std::holds_alternative<Engine<S>>(engine))
         throw InputError(fmt::format("backward: {} dout given to a plan of dtype {}",
                                      core::dtype_name(core::dtype_of<S>()), core::dtype_name(plan.dtype)));
       check_size("dout", dout, s.B * L() * s.H * s.D, rank_shape(s.H));
+      if (!dlse.empty())
+        check_size("dlse", dlse, s.B * s.H * L(), fmt::format("[B, H, L] = [{}, {}, {}]", s.B, s.H, L()));
     });
+    // A head-parallel strategy moves dL/dLSE through an all-to-all: every rank gives one (zeros for
+    // a rank without) when any rank does.
+    if (plan.strategy == runtime::StrategyKind::ulysses || plan.strategy == runtime::StrategyKind::usp) {
+      std::int64_t any = dlse.empty() ? 0 : 1;
+      comm.allreduce_max(std::span<std::int64_t>(&any, 1));
+      if (any && dlse.empty()) {
+        zeros.assign(s.B * s.H * L(), A(0));
+        dlse = zeros;
+      }
+    }
     Engine<S>& e = std::get<Engine<S>>(engine);
     e.strategy->load_dout(dout.data());
+    if (!dlse.empty()) e.strategy->load_dlse(dlse.data());
     bwd = e.strategy->backward();
+    if (!plan.sinks.empty()) dsinks = runtime::sink_gradient(comm, *e.strategy, s.H);
     backward_done = true;
+  }
+
+  void set_sinks(std::span<const double> sinks) {
+    agreed_setup(comm, "setting the sinks", [&] {
+      if (plan.sinks.empty())
+        throw InputError(names->render("set_sinks: the plan has no @sinks (expected them in the options)"));
+      runtime::check_sinks(sinks, opt.shape.H, plan.dtype, *names);
+    });
+    const std::vector<double> given(sinks.begin(), sinks.end());
+    runtime::agree_on_plan(comm, {{names->render("@sinks"), fmt::format("{}", fmt::join(given, ","))}});
+    std::copy(given.begin(), given.end(), plan.sinks.begin());  // in place: the strategy reads them there
+    opt.sinks = given;
   }
 
   template <class A>
@@ -155,6 +185,12 @@ struct Attention::Impl {
             A* dq = want("dq", out.dq, q, rank_shape(s.H));
             A* dk = want("dk", out.dk, kv, rank_shape(s.HKV));
             A* dv = want("dv", out.dv, kv, rank_shape(s.HKV));
+            if (!out.dsinks.empty()) {
+              if (plan.sinks.empty()) throw InputError(names->render("outputs: dsinks asked for without @sinks"));
+              if (!backward_done) throw InputError("outputs: dsinks asked for before backward()");
+              check_size("dsinks", out.dsinks, s.H, fmt::format("[H] = [{}]", s.H));
+              std::transform(dsinks.begin(), dsinks.end(), out.dsinks.begin(), [](double x) { return A(x); });
+            }
             e.strategy->outputs(o, lse, dq, dk, dv);
             // in the forward pass this was: q' = R q, k' = R k, so now: dq = R^T dq', dk = R^T dk'
             if (e.rope && dq) e.rope->backward(s.B, s.H, dq);
@@ -250,10 +286,17 @@ void Attention::forward() {
   m.bwd = {};
 }
 
-void Attention::backward(std::span<const float> dout) { self().backward(dout); }
-void Attention::backward(std::span<const double> dout) { self().backward(dout); }
-void Attention::backward(std::span<const core::bf16> dout) { self().backward(dout); }
-void Attention::backward(std::span<const core::f16> dout) { self().backward(dout); }
+void Attention::backward(std::span<const float> dout, std::span<const float> dlse) { self().backward(dout, dlse); }
+void Attention::backward(std::span<const double> dout, std::span<const double> dlse) {
+  self().backward(dout, dlse);
+}
+void Attention::backward(std::span<const core::bf16> dout, std::span<const float> dlse) {
+  self().backward(dout, dlse);
+}
+void Attention::backward(std::span<const core::f16> dout, std::span<const float> dlse) {
+  self().backward(dout, dlse);
+}
+void Attention::set_sinks(std::span<const double> sinks) { self().set_sinks(sinks); }
 
 void Attention::outputs(const Outputs<float>& out) const { self().outputs(out); }
 void Attention::outputs(const Outputs<double>& out) const { self().outputs(out); }

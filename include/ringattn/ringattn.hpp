@@ -19,6 +19,11 @@
 //   att.backward(dout);                                                 // optional
 //   att.outputs(ringattn::Outputs<float>{o, lse, dq, dk, dv});
 //
+// Beyond plain attention (AttentionOptions): softcap (s -> c tanh(s/c)), sinks (one logit per query
+// head in every row's softmax denominator; their gradient comes in Outputs::dsinks, the whole of it
+// on every rank), cu_seqlens (documents as offsets, instead of doc_lens), and a gradient flowing
+// into LSE (backward's dlse).
+//
 // Errors: a bad option or a shard of the wrong size throws InputError with a one-line message, on
 // every rank of the communicator at once (the ranks agree on errors before they exchange data), so
 // one rank's mistake never leaves its peers waiting. Any other failure of one rank before the ranks
@@ -63,6 +68,7 @@ using AttentionOptions = runtime::PlanOptions;
 template <class A>
 struct Outputs {
   std::span<A> o, lse, dq, dk, dv;
+  std::span<A> dsinks;  // [H] dL/dsink (with sinks, after backward()): the same on every rank
 };
 
 // One pass on this rank: wall time, time in the kernels, time blocked on transfers, work done.
@@ -111,11 +117,18 @@ class Attention {
   void load(std::span<const core::f16> q, std::span<const core::f16> k, std::span<const core::f16> v);
   // Collective, after load().
   void forward();
-  // dL/dO of this rank's positions (copied). Collective, after forward().
-  void backward(std::span<const float> dout);
-  void backward(std::span<const double> dout);
-  void backward(std::span<const core::bf16> dout);
-  void backward(std::span<const core::f16> dout);
+  // dL/dO of this rank's positions (copied), and optionally dL/dLSE [B, H, L] in the accumulation
+  // type (empty: LSE has no gradient; a rank may give one while another does not). Collective,
+  // after forward().
+  void backward(std::span<const float> dout, std::span<const float> dlse = {});
+  void backward(std::span<const double> dout, std::span<const double> dlse = {});
+  void backward(std::span<const core::bf16> dout, std::span<const float> dlse = {});
+  void backward(std::span<const core::f16> dout, std::span<const float> dlse = {});
+
+  // New values for the plan's sinks (the same on every rank, one per query head), for the next
+  // forward(): a training step's updated logits without a new plan. Collective; InputError on every
+  // rank for values the plan would refuse, or when the plan has no sinks.
+  void set_sinks(std::span<const double> sinks);
   bool has_backward() const;
 
   // Instead of this rank's next load(), forward() or backward(), when it cannot make that call (its

@@ -154,7 +154,22 @@ def _out_of_memory(e):
 
 def _default_args():
     return dict(seq_len=0, causal=False, window=None, doc_lens=[], layout="auto", partition=[], scale=None,
-                rope=None, strategy="ring", ulysses_degree=None, kv_head_group=None, timeout=None)
+                rope=None, strategy="ring", ulysses_degree=None, kv_head_group=None, timeout=None, softcap=None,
+                sinks=[], cu_seqlens=[])
+
+
+def _sink_values(sinks):
+    """The sink logits as floats ([] for None): a 1-d floating tensor (or a list of numbers)."""
+    if sinks is None:
+        return []
+    if isinstance(sinks, torch.Tensor):
+        if sinks.dim() != 1 or not sinks.dtype.is_floating_point or sinks.device.type != "cpu":
+            raise InputError(f"sinks: a {sinks.dim()}-d {sinks.dtype} tensor on {sinks.device} (expected a 1-d "
+                             f"floating CPU tensor [H], one logit per query head)")
+        return sinks.detach().double().tolist()
+    if isinstance(sinks, (str, bytes)) or not hasattr(sinks, "__iter__"):
+        raise InputError(f"sinks: {sinks!r} is not a tensor of sink logits (expected a 1-d tensor [H])")
+    return [_number_or_none("sinks", x) for x in sinks]
 
 
 class _Prepared:
@@ -183,7 +198,9 @@ class _Prepared:
                 strategy=_name("strategy", args["strategy"]),
                 ulysses_degree=_int_or_none("ulysses_degree", args["ulysses_degree"], bits=31),
                 kv_head_group=_int_or_none("kv_head_group", args["kv_head_group"], bits=31),
-                timeout=_number_or_none("timeout", args["timeout"]))
+                timeout=_number_or_none("timeout", args["timeout"]),
+                softcap=_number_or_none("softcap", args["softcap"]), sinks=_sink_values(args["sinks"]),
+                cu_seqlens=_int_list("cu_seqlens", args["cu_seqlens"]))
             self.out_dtype = _out_dtype(args.get("out_dtype"), q.dtype if isinstance(q, torch.Tensor) else None)
         except InputError as e:
             self.error = self.error or str(e)
@@ -239,7 +256,8 @@ class _Prepared:
         a = self.args
         return _Call(self.comm, a["seq_len"], self.shapes[0], self.shapes[1], self.shapes[2], self.dtypes,
                      self.error, self.failure, a["causal"], a["window"], a["doc_lens"], a["layout"], a["partition"],
-                     a["scale"], a["rope"], a["strategy"], a["ulysses_degree"], a["kv_head_group"], a["timeout"])
+                     a["scale"], a["rope"], a["strategy"], a["ulysses_degree"], a["kv_head_group"], a["timeout"],
+                     a["softcap"], a["sinks"], a["cu_seqlens"])
 
 
 def _failure(what, e, comm):
@@ -270,27 +288,29 @@ def _agreed_signature(fn):
 
 class _AttentionFunction(torch.autograd.Function):
     """O, LSE of this rank's shard; the backward runs the distributed backward (collective). It is
-    differentiable once: the gradients it returns raise when differentiated again."""
+    differentiable once: the gradients it returns raise when differentiated again. Gradients flow
+    from O and from LSE into q, k, v, and into the sinks when given."""
 
     @staticmethod
-    def forward(ctx, q, k, v, prepared):
+    def forward(ctx, q, k, v, sinks, prepared):
         call = prepared.call()  # collective: raises this rank's error, or a peer's, on every rank
         qc, kc, vc, o, lse, out = prepared.tensors
         call.forward(qc.data_ptr(), kc.data_ptr(), vc.data_ptr(), o.data_ptr(), lse.data_ptr())
         if out is not o:
             out.copy_(o)
         ctx.call, ctx.prepared = call, prepared.without_tensors()
-        ctx.mark_non_differentiable(lse)
+        ctx.has_sinks = sinks is not None
+        ctx.set_materialize_grads(False)  # an output the loss does not use gets None: no work for it
         # q, k, v as autograd keeps inputs: freed with the graph (a later backward then gets
         # autograd's own error, which names retain_graph), checked against in-place changes, and
         # there to compute the forward again for a second backward through a retained graph.
-        ctx.save_for_backward(q, k, v)
+        ctx.save_for_backward(q, k, v, sinks)
         return out, lse
 
     @staticmethod
     @once_differentiable
-    def backward(ctx, do, _dlse):
-        q, k, v = ctx.saved_tensors
+    def backward(ctx, do, dlse):
+        q, k, v, sinks = ctx.saved_tensors
         call, ctx.call = ctx.call, None  # the plan goes back for reuse when this backward is done
         if call is None:  # a second backward through a graph kept by retain_graph=True: the first
             # freed the distributed state, so every rank runs its forward again (collective)
@@ -299,37 +319,44 @@ class _AttentionFunction(torch.autograd.Function):
             qc, kc, vc, o, lse, _ = again.tensors
             call.forward(qc.data_ptr(), kc.data_ptr(), vc.data_ptr(), o.data_ptr(), lse.data_ptr())
         acc = _ACCUM[call.dtype]
+        B, L, H, D = q.shape
         try:
-            do = _contiguous(do.to(q.dtype))
+            do = torch.zeros(q.shape, dtype=q.dtype) if do is None else _contiguous(do.to(q.dtype))
+            dlse = None if dlse is None else _contiguous(dlse.to(acc))
             dq = torch.empty(q.shape, dtype=acc)
             dk = torch.empty(k.shape, dtype=acc)
             dv = torch.empty(v.shape, dtype=acc)
+            dsinks = torch.empty((H,), dtype=acc) if ctx.has_sinks else None
         except Exception as e:  # out of memory, most likely: the peers' backward raises it too
             call.refuse(_failure("preparing dout and the gradients", e, ctx.prepared.comm))
-        call.backward(do.data_ptr(), dq.data_ptr(), dk.data_ptr(), dv.data_ptr())
-        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None
+        call.backward(do.data_ptr(), 0 if dlse is None else dlse.data_ptr(), dq.data_ptr(), dk.data_ptr(),
+                      dv.data_ptr(), 0 if dsinks is None else dsinks.data_ptr())
+        return (dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype),
+                None if dsinks is None else dsinks.to(sinks.dtype), None)
 
 
 @_agreed_signature
-def attention_lse(q, k, v, *, seq_len=None, causal=False, window=None, doc_lens=None, layout="auto",
-                  partition=None, scale=None, rope=None, strategy="ring", ulysses_degree=None, kv_head_group=None,
-                  comm=None, timeout=None, out_dtype=None):
+def attention_lse(q, k, v, *, seq_len=None, causal=False, window=None, doc_lens=None, cu_seqlens=None,
+                  layout="auto", partition=None, scale=None, softcap=None, sinks=None, rope=None, strategy="ring",
+                  ulysses_degree=None, kv_head_group=None, comm=None, timeout=None, out_dtype=None):
     """(O, LSE) of this rank's shard; arguments as attention(). LSE [B, H, L] (natural log) is
-    not differentiable; it is float64 for float64 inputs and float32 otherwise, whatever out_dtype."""
+    float64 for float64 inputs and float32 otherwise, whatever out_dtype, and differentiable: a loss
+    that uses it (a z-loss, a merge with another attention) sends its gradient into q and k (and the
+    sinks)."""
     p = _Prepared(q, k, v, dict(seq_len=seq_len, causal=causal, window=window, doc_lens=doc_lens, layout=layout,
                                 partition=partition, scale=scale, rope=rope, strategy=strategy,
                                 ulysses_degree=ulysses_degree, kv_head_group=kv_head_group, timeout=timeout,
-                                out_dtype=out_dtype), comm)
+                                out_dtype=out_dtype, softcap=softcap, sinks=sinks, cu_seqlens=cu_seqlens), comm)
     if p.tensors is None:  # this rank's error, or q, k, v it could not read
         p.call()  # raises it, or a peer's, on every rank, before autograd sees the inputs
         raise AssertionError("ringattn: the ranks agreed on a call this rank cannot make")  # not reached
-    return _AttentionFunction.apply(q, k, v, p)
+    return _AttentionFunction.apply(q, k, v, sinks if isinstance(sinks, torch.Tensor) else None, p)
 
 
 @_agreed_signature
-def attention(q, k, v, *, seq_len=None, causal=False, window=None, doc_lens=None, layout="auto", partition=None,
-              scale=None, rope=None, strategy="ring", ulysses_degree=None, kv_head_group=None, comm=None,
-              timeout=None, out_dtype=None):
+def attention(q, k, v, *, seq_len=None, causal=False, window=None, doc_lens=None, cu_seqlens=None, layout="auto",
+              partition=None, scale=None, softcap=None, sinks=None, rope=None, strategy="ring", ulysses_degree=None,
+              kv_head_group=None, comm=None, timeout=None, out_dtype=None):
     """This rank's O [B, L, H, D] of softmax(scale * q k^T + mask) v over the whole sequence.
 
     q [B, L, H, D], k, v [B, L, HKV, D]: this rank's shard, its L positions given by
@@ -338,10 +365,18 @@ def attention(q, k, v, *, seq_len=None, causal=False, window=None, doc_lens=None
     seq_len: S, the positions over all ranks (needed).
     causal: j <= i (a bool). window: W >= 1, causal sliding window i - W < j <= i.
     doc_lens: packed documents (integer lengths summing to S); attention stays within each.
+    cu_seqlens: the same documents as flash-attn's offsets (an int32/int64 tensor or a list: 0, the
+      running ends of the documents, S); instead of doc_lens, and bit for bit the same result.
     layout: "auto" (zigzag for a causal mask without a window or partition, contiguous otherwise;
       the command line's default), "contiguous" (with `partition`: one integer size per rank),
       "striped" or "zigzag".
-    scale: default 1/sqrt(D). rope: theta (e.g. 10000.0) to rotate q and k at their global
+    scale: default 1/sqrt(D).
+    softcap: C > 0 soft-caps each scaled score, s -> C tanh(s / C), before the mask (Gemma 2,
+      flash-attn's softcap); None or 0: none.
+    sinks: a [H] tensor of attention-sink logits, one per query head, that join every row's softmax
+      denominator and attend to no value (gpt-oss); differentiable: sinks.grad is the whole gradient on
+      every rank, summed over all ranks' rows in a fixed order. -inf is no sink for that head.
+    rope: theta (e.g. 10000.0) to rotate q and k at their global
       positions before attending (rotate-half RoPE; gradients are with respect to q, k as given).
     strategy: "ring" (no rule on the shape), "ulysses" (H % N == 0), "usp" with ulysses_degree U
       (ranks per all-to-all group; N % U == 0, H % U == 0), or "allgather" (every rank gathers all
@@ -358,9 +393,9 @@ def attention(q, k, v, *, seq_len=None, causal=False, window=None, doc_lens=None
     and fills q.grad, k.grad, v.grad; differentiating those again raises.
     """
     o, _ = attention_lse(q, k, v, seq_len=seq_len, causal=causal, window=window, doc_lens=doc_lens,
-                         layout=layout, partition=partition, scale=scale, rope=rope, strategy=strategy,
-                         ulysses_degree=ulysses_degree, kv_head_group=kv_head_group, comm=comm, timeout=timeout,
-                         out_dtype=out_dtype)
+                         cu_seqlens=cu_seqlens, layout=layout, partition=partition, scale=scale, softcap=softcap,
+                         sinks=sinks, rope=rope, strategy=strategy, ulysses_degree=ulysses_degree,
+                         kv_head_group=kv_head_group, comm=comm, timeout=timeout, out_dtype=out_dtype)
     return o
 
 

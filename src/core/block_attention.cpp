@@ -98,10 +98,22 @@ void init_online_state(const Packing& pk, OnlineState<A> st) {
 }
 
 template <class A>
-void finalize_forward(const Packing& pk, OnlineState<A> st, A* lse) {
+void finalize_forward(const Packing& pk, OnlineState<A> st, A* lse, const double* sinks) {
   const Index rows = pk.row_elems(), D = pk.D;
+  constexpr double kLog2e = 1.4426950408889634;
   for (Index r = 0; r < rows; ++r) {
     A* a = st.acc + r * D;
+    if (sinks) {  // merge (sink, 1, 0): m' = max(m, s), l' = l 2^(m - m') + 2^(s - m'), a' = a 2^(m - m')
+      const Index h = (r / (pk.L * pk.G)) % pk.HKV * pk.G + r % pk.G;
+      const A s = static_cast<A>(sinks[h] * kLog2e);  // the kernels' log2 units
+      if (s != kNegInf<A> && !std::isnan(st.l[r])) {
+        const A m = std::max(st.m[r], s);
+        const A c = st.l[r] == A(0) ? A(0) : static_cast<A>(std::exp2(double(st.m[r]) - double(m)));
+        st.l[r] = static_cast<A>(double(st.l[r]) * double(c) + std::exp2(double(s) - double(m)));
+        st.m[r] = m;
+        for (Index d = 0; d < D; ++d) a[d] *= c;
+      }
+    }
     if (st.l[r] == A(0)) {  // no visible key: O = 0, LSE = -inf, never NaN
       std::fill_n(a, D, A(0));
       st.m[r] = kNegInf<A>;
@@ -112,6 +124,16 @@ void finalize_forward(const Packing& pk, OnlineState<A> st, A* lse) {
     for (Index d = 0; d < D; ++d) a[d] *= inv;
     // the kernels keep the running max in log2 units (log2 e folded into the scale)
     lse[r] = A((double(st.m[r]) + std::log2(double(st.l[r]))) * 0.6931471805599453);
+  }
+}
+
+template <class A>
+void add_sink_grad(const Packing& pk, const A* lse, const A* delta, const double* sinks, double* dsinks) {
+  const Index rows = pk.row_elems();
+  for (Index r = 0; r < rows; ++r) {
+    const Index h = (r / (pk.L * pk.G)) % pk.HKV * pk.G + r % pk.G;
+    if (sinks[h] == kNegInf<double>) continue;  // P_sink = 0
+    dsinks[h] -= std::exp(sinks[h] - double(lse[r])) * double(delta[r]);
   }
 }
 
@@ -153,8 +175,10 @@ template struct Workspace<float>;
 template struct Workspace<double>;
 template void init_online_state<float>(const Packing&, OnlineState<float>);
 template void init_online_state<double>(const Packing&, OnlineState<double>);
-template void finalize_forward<float>(const Packing&, OnlineState<float>, float*);
-template void finalize_forward<double>(const Packing&, OnlineState<double>, double*);
+template void finalize_forward<float>(const Packing&, OnlineState<float>, float*, const double*);
+template void finalize_forward<double>(const Packing&, OnlineState<double>, double*, const double*);
+template void add_sink_grad<float>(const Packing&, const float*, const float*, const double*, double*);
+template void add_sink_grad<double>(const Packing&, const double*, const double*, const double*, double*);
 
 // ---- the SIMD target ---------------------------------------------------------------------------
 

@@ -38,13 +38,14 @@ std::vector<Index> all_positions(Index S) {
 
 DenseResult reference_attention_rope(const Shape& s, const Mask& mask, double scale, double rope_theta,
                                      const std::vector<double>& q, const std::vector<double>& k,
-                                     const std::vector<double>& v, const std::vector<double>& dout, bool backward) {
+                                     const std::vector<double>& v, const std::vector<double>& dout, bool backward,
+                                     const AttentionExtras& extras) {
   const std::vector<Index> pos = all_positions(s.S);
   const Rope rope(rope_theta, s.D, pos);
   std::vector<double> qr = q, kr = k;
   rope.forward(s.B, s.H, qr.data());
   rope.forward(s.B, s.HKV, kr.data());
-  DenseResult r = reference_attention(s, mask, scale, qr, kr, v, dout, backward);
+  DenseResult r = reference_attention(s, mask, scale, qr, kr, v, dout, backward, extras);
   if (backward) {
     rope.backward(s.B, s.H, r.dq.data());
     rope.backward(s.B, s.HKV, r.dk.data());

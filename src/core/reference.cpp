@@ -23,20 +23,32 @@ DenseResult empty_result(const Shape& s, bool backward) {
   return r;
 }
 
+// One row's softmax with a sink: m and sum over the visible keys (max m, sum of e^(s - m)) widened
+// by the sink logit; returns LSE, or -inf when neither a key nor a sink is there.
+double row_lse(double m, double sum, double sink) {
+  const double ninf = -std::numeric_limits<double>::infinity();
+  if (sink == ninf) return sum > 0 ? m + std::log(sum) : ninf;
+  if (sum == 0) return sink;
+  const double mx = std::max(m, sink);
+  return mx + std::log(sum * std::exp(m - mx) + std::exp(sink - mx));
+}
+
 }  // namespace
 
 DenseResult reference_attention_loops(const Shape& s, const Mask& mask, double scale, const std::vector<double>& q,
                                       const std::vector<double>& k, const std::vector<double>& v,
-                                      const std::vector<double>& dout, bool backward) {
+                                      const std::vector<double>& dout, bool backward, const AttentionExtras& x) {
   const Index B = s.B, S = s.S, H = s.H, HKV = s.HKV, D = s.D, G = s.G();
   const double ninf = -std::numeric_limits<double>::infinity();
   auto qi = [&](Index b, Index i, Index h) { return ((b * S + i) * H + h) * D; };
   auto kj = [&](Index b, Index j, Index g) { return ((b * S + j) * HKV + g) * D; };
   DenseResult r = empty_result(s, backward);
-  std::vector<double> p(S);
+  if (!x.sinks.empty() && backward) r.dsinks.assign(H, 0.0);
+  std::vector<double> p(S), capd(S, 1.0);  // capd: d(c tanh(s/c))/ds = 1 - tanh^2
   for (Index b = 0; b < B; ++b) {
     for (Index h = 0; h < H; ++h) {
       const Index g = h / G;  // repeat_interleave: query head h reads kv head h / G
+      const double sink = x.sinks.empty() ? ninf : x.sinks[h];
       for (Index i = 0; i < S; ++i) {
         // scores and their max over visible keys; a NaN score makes the max NaN
         double mx = ninf;
@@ -47,15 +59,28 @@ DenseResult reference_attention_loops(const Shape& s, const Mask& mask, double s
           double dot = 0;
           for (Index d = 0; d < D; ++d) dot += q[qi(b, i, h) + d] * k[kj(b, j, g) + d];
           p[j] = dot * scale;
+          if (x.softcap > 0) {
+            const double t = std::tanh(p[j] / x.softcap);
+            p[j] = x.softcap * t;
+            capd[j] = 1 - t * t;
+          }
           if (std::isnan(p[j]) || p[j] > mx) mx = std::isnan(mx) ? mx : p[j];
         }
-        if (!sees) continue;  // no visible key: O = 0, LSE = -inf, no gradient
+        const double dlse = x.dlse.empty() ? 0.0 : x.dlse[(b * H + h) * S + i];
+        if (!sees) {  // no visible key: O = 0, LSE = -inf and no gradient; with a sink LSE = sink
+          if (sink == ninf) continue;
+          r.lse[(b * H + h) * S + i] = sink;
+          r.loss += dlse * sink;
+          if (backward) r.dsinks[h] += dlse;  // P_sink = 1, D_i = -dLSE_i
+          continue;
+        }
         // a NaN or +inf score (or only -inf ones) makes the row NaN, as torch's softmax does
         double sum = 0;
         for (Index j = 0; j < S; ++j)
           if (mask.visible(i, j)) sum += std::exp(p[j] - mx);
-        const double lse = mx + std::log(sum);
+        const double lse = row_lse(mx, sum, sink);
         r.lse[(b * H + h) * S + i] = lse;
+        r.loss += dlse * lse;
         double* o = &r.o[qi(b, i, h)];
         for (Index j = 0; j < S; ++j) {
           if (!mask.visible(i, j)) continue;
@@ -67,13 +92,14 @@ DenseResult reference_attention_loops(const Shape& s, const Mask& mask, double s
         // backward of this row: dP_ij = dO_i . V_j, D_i = dO_i . O_i, dS = P (dP - D_i), over the
         // visible keys (those with P = 0 too: 0 times a non-finite dP or K is NaN, as in torch)
         const double* dO = &dout[qi(b, i, h)];
-        double Di = 0;
+        double Di = -dlse;  // dS_ij = P_ij (dP_ij - dO_i.O_i + dLSE_i)
         for (Index d = 0; d < D; ++d) Di += dO[d] * o[d];
+        if (sink != ninf) r.dsinks[h] -= std::exp(sink - lse) * Di;
         for (Index j = 0; j < S; ++j) {
           if (!mask.visible(i, j)) continue;
           double dp = 0;
           for (Index d = 0; d < D; ++d) dp += dO[d] * v[kj(b, j, g) + d];
-          const double ds = p[j] * (dp - Di);
+          const double ds = p[j] * (dp - Di) * capd[j];
           for (Index d = 0; d < D; ++d) {
             r.dq[qi(b, i, h) + d] += ds * k[kj(b, j, g) + d] * scale;
             r.dk[kj(b, j, g) + d] += ds * q[qi(b, i, h) + d] * scale;
@@ -91,7 +117,7 @@ DenseResult reference_attention_loops(const Shape& s, const Mask& mask, double s
 // tensors, so nothing is reshuffled.
 DenseResult reference_attention(const Shape& s, const Mask& mask, double scale, const std::vector<double>& q,
                                 const std::vector<double>& k, const std::vector<double>& v,
-                                const std::vector<double>& dout, bool backward) {
+                                const std::vector<double>& dout, bool backward, const AttentionExtras& x) {
   using Mat = Eigen::Matrix<double, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
   using Rows = Eigen::Map<const Mat, 0, Eigen::OuterStride<>>;
   using MutRows = Eigen::Map<Mat, 0, Eigen::OuterStride<>>;
@@ -105,10 +131,11 @@ DenseResult reference_attention(const Shape& s, const Mask& mask, double scale, 
     return std::any_of(x.begin(), x.end(), [](double e) { return !std::isfinite(e); });
   };
   if (nonfinite(q) || nonfinite(k) || nonfinite(v) || (backward && nonfinite(dout)))
-    return reference_attention_loops(s, mask, scale, q, k, v, dout, backward);
+    return reference_attention_loops(s, mask, scale, q, k, v, dout, backward, x);
   DenseResult r = empty_result(s, backward);
+  if (!x.sinks.empty() && backward) r.dsinks.assign(H, 0.0);
   if (S == 0) return r;
-  Mat P(std::min(R, S), S), dS(backward ? std::min(R, S) : 0, S);
+  Mat P(std::min(R, S), S), dS(backward ? std::min(R, S) : 0, S), T(x.softcap > 0 ? std::min(R, S) : 0, S);
   const Eigen::OuterStride<> qs(H * D), ks(HKV * D);
   for (Index b = 0; b < B; ++b)
     for (Index h = 0; h < H; ++h) {
@@ -120,30 +147,45 @@ DenseResult reference_attention(const Shape& s, const Mask& mask, double scale, 
         MutRows O(&r.o[((b * S + i0) * H + h) * D], n, D, qs);
         auto p = P.topRows(n);
         p.noalias() = scale * (Q * K.transpose());
+        if (x.softcap > 0) {  // s -> c tanh(s / c); T keeps tanh for the backward
+          auto t = T.topRows(n);
+          t.array() = (p.array() / x.softcap).tanh();
+          p.array() = x.softcap * t.array();
+        }
+        const double sink = x.sinks.empty() ? ninf : x.sinks[h];
+        Eigen::VectorXd lse_rows(n);
         for (Index i = 0; i < n; ++i) {
           double mx = ninf;
           for (Index j = 0; j < S; ++j) {
             if (!mask.visible(i0 + i, j)) p(i, j) = ninf;
             else mx = std::max(mx, p(i, j));
           }
-          if (mx == ninf) {  // no visible key: O = 0, LSE = -inf, no gradient
+          double sum = 0;
+          for (Index j = 0; j < S; ++j) sum += p(i, j) == ninf ? 0.0 : std::exp(p(i, j) - mx);
+          const double lse = row_lse(mx, sum, sink);
+          lse_rows(i) = lse;
+          if (lse == ninf) {  // no visible key and no sink: O = 0, LSE = -inf, no gradient
             p.row(i).setZero();
             continue;
           }
-          double sum = 0;
-          for (Index j = 0; j < S; ++j) sum += p(i, j) == ninf ? 0.0 : std::exp(p(i, j) - mx);
-          const double lse = mx + std::log(sum);
           r.lse[(b * H + h) * S + i0 + i] = lse;
           for (Index j = 0; j < S; ++j) p(i, j) = p(i, j) == ninf ? 0.0 : std::exp(p(i, j) - lse);
         }
         O.noalias() = p * V;
         r.loss += (dO.array() * O.array()).sum();
+        Eigen::VectorXd dlse = Eigen::VectorXd::Zero(n);
+        for (Index i = 0; i < n && !x.dlse.empty(); ++i) {
+          dlse(i) = x.dlse[(b * H + h) * S + i0 + i];
+          if (lse_rows(i) != ninf) r.loss += dlse(i) * lse_rows(i);
+        }
         if (!backward) continue;
-        // dP = dO V^T; dS = P o (dP - D_i), D_i = dO_i . O_i; rows that saw nothing have P = 0
+        // dP = dO V^T; dS = P o (dP - D_i), D_i = dO_i . O_i - dLSE_i; rows that saw nothing have P = 0
         auto ds = dS.topRows(n);
         ds.noalias() = dO * V.transpose();
-        const Eigen::VectorXd Di = (dO.array() * O.array()).rowwise().sum();
+        const Eigen::VectorXd Di = (dO.array() * O.array()).rowwise().sum() - dlse.array();
+        for (Index i = 0; i < n && sink != ninf; ++i) r.dsinks[h] -= std::exp(sink - lse_rows(i)) * Di(i);
         ds.array() = p.array() * (ds.array().colwise() - Di.array());
+        if (x.softcap > 0) ds.array() *= 1 - T.topRows(n).array().square();
         MutRows dQ(&r.dq[((b * S + i0) * H + h) * D], n, D, qs);
         MutRows dK(&r.dk[(b * S * HKV + g) * D], S, D, ks), dV(&r.dv[(b * S * HKV + g) * D], S, D, ks);
         dQ.noalias() = scale * (ds * K);

@@ -23,6 +23,17 @@ std::vector<ringattn::Index> ints(const std::string& csv) {
   return v;
 }
 
+// "0.5,-inf,nan" -> {0.5, -inf, nan} (strtod reads inf and nan).
+std::vector<double> doubles(const std::string& csv) {
+  std::vector<double> v;
+  for (std::size_t at = 0; at < csv.size();) {
+    const std::size_t comma = csv.find(',', at);
+    v.push_back(std::strtod(csv.substr(at, comma - at).c_str(), nullptr));
+    at = comma == std::string::npos ? csv.size() : comma + 1;
+  }
+  return v;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -51,6 +62,9 @@ int main(int argc, char** argv) {
     else if (key == "strategy") o.strategy = value;
     else if (key == "ulysses_degree") o.ulysses_degree = std::stoi(value);
     else if (key == "timeout") o.timeout_s = std::stod(value);
+    else if (key == "softcap") o.softcap = std::stod(value);
+    else if (key == "cu_seqlens") o.cu_seqlens = ints(value);
+    else if (key == "sinks") o.sinks = doubles(value);
     else {
       std::fprintf(stderr, "cpp_entry: unknown key '%s'\n", key.c_str());
       MPI_Abort(MPI_COMM_WORLD, 3);

@@ -8,8 +8,12 @@ front end's names for the options are mapped back to one vocabulary.
 import argparse
 import os
 import re
+import shutil
 import subprocess
 import sys
+import tempfile
+
+import numpy as np
 
 # Each front end's name of an option, and the one token they all map to.
 NAMES = {
@@ -17,7 +21,7 @@ NAMES = {
             "--head-dim": "head_dim", "--dtype": "dtype", "--causal": "causal", "--window": "window",
             "--doc-lens": "doc_lens", "--layout": "layout", "--partition": "partition", "--scale": "scale",
             "--rope": "rope", "--strategy": "strategy", "--ulysses-degree": "ulysses_degree",
-            "--timeout": "timeout"},
+            "--timeout": "timeout", "--softcap": "softcap", "--sinks": "sinks"},
     "cpp": {"shape.S": "seq", "shape.B": "batch", "shape.H": "heads", "shape.HKV": "kv_heads",
             "shape.D": "head_dim", "rope_theta": "rope", "timeout_s": "timeout"},
     "python": {"seq_len": "seq", "q's B": "batch", "q's H": "heads", "k's HKV": "kv_heads",
@@ -47,6 +51,18 @@ CASES = [
     ("scale overflowing f32", dict(scale="1e300"), "scale", ()),
     ("unknown dtype", dict(dtype="f8"), "dtype", ("python",)),  # Python's dtype is the tensors'
     ("negative timeout", dict(timeout="-1"), "timeout", ("python",)),
+    ("negative softcap", dict(softcap="-1"), "softcap", ()),
+    ("infinite softcap", dict(softcap="inf"), "softcap", ()),
+    ("softcap 0 (none, as flash-attn's)", dict(softcap="0"), None, ()),
+    ("sinks, one per head", dict(sinks="0.5,-1,2,-inf"), None, ()),
+    ("sinks of the wrong length", dict(sinks="0.5,1"), "sinks", ()),
+    ("a NaN sink", dict(sinks="0,nan,0,0"), "sinks", ()),
+    ("a +inf sink", dict(sinks="0,inf,0,0"), "sinks", ()),
+    ("a sink beyond f32", dict(sinks="0,1e300,0,0"), "sinks", ()),
+    ("cu_seqlens", dict(cu_seqlens="0,5,5,16", causal="1"), None, ("cli",)),  # the command line has --doc-lens
+    ("cu_seqlens with doc_lens", dict(cu_seqlens="0,16", doc_lens="16"), "cu_seqlens", ("cli",)),
+    ("cu_seqlens ending before S", dict(cu_seqlens="0,5,12"), "cu_seqlens", ("cli",)),
+    ("cu_seqlens decreasing", dict(cu_seqlens="0,9,4,16"), "cu_seqlens", ("cli",)),
 ]
 
 
@@ -56,12 +72,16 @@ def normalize(front, msg):
     return msg
 
 
-def cli_args(opts):
+def cli_args(opts, scratch):
     out = []
     for key, value in opts.items():
         flag = "--" + key.replace("_", "-")
         if key == "causal":
             out += [flag] if value == "1" else []
+        elif key == "sinks":  # the command line reads them from a file
+            path = os.path.join(scratch, "sinks.npy")
+            np.save(path, np.array([float(x) for x in value.split(",")]))
+            out += [flag, path]
         else:
             out += [flag, value]
     return out
@@ -82,10 +102,12 @@ def main():
     env = dict(os.environ)
     mpirun = [a.mpirun, "-np", "2", "--oversubscribe"]
     failures = 0
+    scratch = tempfile.mkdtemp(prefix="entry_points_")
     for what, opts, fault, cannot in CASES:
         o = dict(BASE, **opts)
         got = {}
-        got["cli"] = run(mpirun + [a.binary, "run", "--no-backward"] + cli_args(o), env)
+        if "cli" not in cannot:
+            got["cli"] = run(mpirun + [a.binary, "run", "--no-backward"] + cli_args(o, scratch), env)
         got["cpp"] = run(mpirun + [a.cpp] + [f"{k}={v}" for k, v in o.items()], env)
         if "python" not in cannot:
             got["python"] = run(mpirun + [sys.executable, a.python_entry] + [f"{k}={v}" for k, v in o.items()],
@@ -105,6 +127,7 @@ def main():
         if fault is not None and len(set(verdicts.values())) != 1:
             print(f"FAIL {what}: the messages differ once names are mapped: {verdicts}")
             failures += 1
+    shutil.rmtree(scratch, ignore_errors=True)
     print(f"{len(CASES)} cases, {failures} failed checks")
     return 1 if failures else 0
 

@@ -38,7 +38,9 @@ def main():
                            doc_lens=ints("doc_lens"), layout=a.get("layout", "auto"),
                            partition=ints("partition"), scale=num("scale", float), rope=num("rope", float),
                            strategy=a.get("strategy", "ring"), ulysses_degree=num("ulysses_degree", int),
-                           comm=comm)
+                           softcap=num("softcap", float), cu_seqlens=ints("cu_seqlens"),
+                           sinks=torch.tensor([float(x) for x in a["sinks"].split(",")], dtype=torch.float64)
+                           if "sinks" in a else None, comm=comm)
     except ValueError as e:
         if comm.rank == 0:
             print(f"error: {e}", flush=True)

@@ -78,6 +78,10 @@ def parse_args(argv=None):
     p.add_argument("--logit-scale", type=float, default=1.0,
                    help="multiply q by this (e.g. 40: logits large enough to overflow exp)")
     p.add_argument("--seed", type=int, default=0, help="numpy seed for the inputs")
+    p.add_argument("--softcap", type=float, default=None, help="soft-cap C: scores s -> C tanh(s / C)")
+    p.add_argument("--sinks", action="store_true",
+                   help="attention sinks: seeded [H] logits (head 0's -inf when H > 2) passed as --sinks FILE.npy; "
+                        "dsinks.npy is checked too")
     p.add_argument("--strategy", choices=["ring", "ulysses", "usp", "allgather"], default=None,
                    help="passed to ringattn run (default: its default, ring)")
     p.add_argument("--ulysses-degree", type=int, default=None, help="usp: ranks per all-to-all group U")
@@ -126,6 +130,14 @@ def make_inputs(args):
             for name, x in (("q", q), ("k", k), ("v", v), ("dout", dout))}
 
 
+def make_sinks(args):
+    """Seeded [H] sink logits of order one (float64); head 0 has none (-inf) when H > 2."""
+    sinks = np.random.default_rng(args.seed + 1000).standard_normal(args.heads) * 1.5
+    if args.heads > 2:
+        sinks[0] = -np.inf
+    return sinks
+
+
 # --------------------------------------------------------------------------- reference
 
 def visibility_mask(s, causal=False, window=None, doc_lens=None):
@@ -144,12 +156,14 @@ def visibility_mask(s, causal=False, window=None, doc_lens=None):
     return vis
 
 
-def reference(q, k, v, dout, mask, scale=None):
+def reference(q, k, v, dout, mask, scale=None, softcap=None, sinks=None):
     """float64 autograd reference.
 
     q, dout [B,S,H,D]; k, v [B,S,HKV,D] (numpy, any float dtype); mask [S,S] bool.
     Returns float64 numpy o [B,S,H,D], lse [B,H,S], dq, dk, dv. A row with no visible key
     gets o = 0, lse = -inf and no gradient (computed with a safe max, never NaN).
+    softcap C: scores s -> C tanh(s / C) before the mask. sinks [H]: one more column per row, the
+    head's logit, in the softmax but attending to no value (gpt-oss); dsinks is its gradient.
     """
     qt = torch.tensor(np.asarray(q, dtype=np.float64), requires_grad=True)
     kt = torch.tensor(np.asarray(k, dtype=np.float64), requires_grad=True)
@@ -164,13 +178,20 @@ def reference(q, k, v, dout, mask, scale=None):
     ve = vt.repeat_interleave(h // hkv, dim=2)
 
     scores = torch.einsum("bihd,bjhd->bhij", qt, ke) * scale           # [B,H,S,S]
+    if softcap:
+        scores = softcap * torch.tanh(scores / softcap)
     scores = scores.masked_fill(~mask, float("-inf"))
+    st = None
+    if sinks is not None:  # the sink column: [B,H,S,1]
+        st = torch.tensor(np.asarray(sinks, dtype=np.float64), requires_grad=True)
+        scores = torch.cat([scores, st.view(1, h, 1, 1).expand(scores.shape[0], h, scores.shape[2], 1)], dim=-1)
     row_max = scores.amax(dim=-1, keepdim=True).detach()               # -inf on empty rows
     safe_max = torch.where(torch.isfinite(row_max), row_max, torch.zeros_like(row_max))
     p = torch.exp(scores - safe_max)                                   # 0 where masked
     l = p.sum(dim=-1, keepdim=True)                                    # 0 on empty rows
     nonempty = l > 0
     safe_l = torch.where(nonempty, l, torch.ones_like(l))
+    p = p[..., :ve.shape[1]]                                           # the sink attends to no value
     o = torch.einsum("bhij,bjhd->bihd", p / safe_l, ve)                # 0 on empty rows
     lse = torch.where(nonempty, safe_max + torch.log(safe_l),
                       torch.full_like(l, float("-inf"))).squeeze(-1)   # [B,H,S]
@@ -178,6 +199,8 @@ def reference(q, k, v, dout, mask, scale=None):
     loss = (g * o).sum()
     loss.backward()
     out = {"o": o, "lse": lse, "dq": qt.grad, "dk": kt.grad, "dv": vt.grad}
+    if st is not None:
+        out["dsinks"] = st.grad
     return {name: t.detach().numpy() for name, t in out.items()}
 
 
@@ -226,7 +249,7 @@ def natural_floors(used, scale):
     lse of order 1, dq ~ scale |k| |v| |dO|, dk ~ scale |q| |v| |dO|, dv ~ |dO|."""
     q, k, v, d = (float(np.max(np.abs(used[t]))) for t in ("q", "k", "v", "dout"))
     sc = abs(scale if scale is not None else 1.0 / math.sqrt(used["q"].shape[-1]))
-    return {"o": v, "lse": 1.0, "dq": sc * k * v * d, "dk": sc * q * v * d, "dv": d}
+    return {"o": v, "lse": 1.0, "dq": sc * k * v * d, "dk": sc * q * v * d, "dv": d, "dsinks": v * d}
 
 
 # --------------------------------------------------------------------------- run
@@ -249,6 +272,10 @@ def run_binary(args, in_dir, out_dir):
     """Run `mpirun -np N ringattn run --inputs IN --out OUT ...`; returns (ok, message)."""
     cmd = [args.mpirun, "-np", str(args.nranks), "--oversubscribe",
            os.path.abspath(args.binary), "run", "--inputs", in_dir, "--out", out_dir]
+    if args.softcap is not None:
+        cmd += ["--softcap", repr(args.softcap)]
+    if args.sinks:
+        cmd += ["--sinks", os.path.join(os.path.dirname(in_dir), "sinks.npy")]
     if args.dtype != args.file_dtype:
         cmd += ["--dtype", args.dtype]
     if args.causal:
@@ -299,9 +326,9 @@ def run_mpi(cmd, timeout):
     return True, ""
 
 
-def load_outputs(out_dir):
+def load_outputs(out_dir, names):
     outs = {}
-    for name in ("o", "lse", "dq", "dk", "dv"):
+    for name in names:
         path = os.path.join(out_dir, name + ".npy")
         if not os.path.isfile(path):
             raise FileNotFoundError(f"missing output {path}")
@@ -329,8 +356,13 @@ def main(argv=None):
     rounded = args.dtype != args.file_dtype and NUMPY_DTYPE.get(args.dtype, np.dtype("<f2")).itemsize \
         <= NUMPY_DTYPE[args.file_dtype].itemsize
 
+    sinks = make_sinks(args) if args.sinks else None
+    if sinks is not None:
+        np.save(os.path.join(scratch, "sinks.npy"), sinks)
+    names = ("o", "lse", "dq", "dk", "dv") + (("dsinks",) if args.sinks else ())
+
     mask = visibility_mask(args.seq, args.causal, args.window, args.doc_lens)
-    ref = reference(used["q"], used["k"], used["v"], used["dout"], mask, args.scale)
+    ref = reference(used["q"], used["k"], used["v"], used["dout"], mask, args.scale, args.softcap, sinks)
     floors = natural_floors(used, args.scale) if args.natural_floor else {}
 
     all_ok = True
@@ -345,7 +377,7 @@ def main(argv=None):
             print(f"inputs kept in {scratch}", file=sys.stderr)
             return 1
         try:
-            ours = load_outputs(out_dir)
+            ours = load_outputs(out_dir, names)
         except (OSError, ValueError) as e:
             print(f"FAIL: {e}", file=sys.stderr)
             print(f"files kept in {scratch}", file=sys.stderr)
@@ -362,7 +394,7 @@ def main(argv=None):
                 print(f"FAIL: N={n}: {name}.npy differs from torch's rounding to {args.dtype} in {bad} values")
                 all_ok = False
         print(f"N={n}:")
-        for name in ("o", "lse", "dq", "dk", "dv"):
+        for name in names:
             ok, line = compare(name, ours[name], ref[name], tol, OUTPUT_DTYPE[args.dtype], floors.get(name, 0.0))
             err = rel_error(ours[name], ref[name])
             print("  " + line)

@@ -169,3 +169,54 @@ TEST(Plan, ShapesThatCannotFitAreRefusedBeforeAnythingIsBuilt) {
     EXPECT_NE(std::string(e.what()).find("needs about"), std::string::npos) << e.what();
   }
 }
+
+TEST(Plan, CuSeqlensGiveTheDocumentsOfTheEquivalentDocLens) {
+  PlanOptions a = small(), b = small();
+  a.doc_lens = {5, 0, 11};
+  b.cu_seqlens = {0, 5, 5, 16};
+  const AttentionPlan pa = make_attention_plan(a, 2, cli_names()), pb = make_attention_plan(b, 2, cli_names());
+  EXPECT_EQ(pa.doc_lens, pb.doc_lens);
+  for (Index i = 0; i < 16; ++i)
+    for (Index j = 0; j < 16; ++j) EXPECT_EQ(pa.mask.visible(i, j), pb.mask.visible(i, j)) << i << " " << j;
+}
+
+TEST(Plan, CuSeqlensRefusalsNameThem) {
+  PlanOptions o = small();
+  o.cu_seqlens = {1, 16};
+  expect_refused(o, 2, Option::cu_seqlens, "cu_seqlens: starts at 1");
+  o.cu_seqlens = {0, 9, 4, 16};
+  expect_refused(o, 2, Option::cu_seqlens, "cu_seqlens: offset 4 follows 9");
+  o.cu_seqlens = {0, 10};
+  expect_refused(o, 2, Option::cu_seqlens, "cu_seqlens: ends at 10 but S is 16");
+  o.cu_seqlens = {0, 16};
+  o.doc_lens = {16};
+  const auto [id, msg] = refusal(o, 2, python_names());
+  EXPECT_EQ(int(id), int(Option::cu_seqlens));
+  EXPECT_EQ(msg, "cu_seqlens: given with doc_lens (expected one of the two)");
+}
+
+TEST(Plan, SinksOnePerQueryHeadAndLogits) {
+  PlanOptions o = small();
+  o.sinks = {0.5, -1.0, 2.0, -INFINITY};  // -inf: no sink for that head
+  EXPECT_EQ(make_attention_plan(o, 1, cli_names()).sinks, o.sinks);
+  o.sinks = {0.5, 1.0};
+  expect_refused(o, 1, Option::sinks, "--sinks: 2 values for H = 4 query heads");
+  o.sinks = {0.0, NAN, 0.0, 0.0};
+  expect_refused(o, 1, Option::sinks, "--sinks: nan for head 1 is not a logit");
+  o.sinks = {0.0, 0.0, INFINITY, 0.0};
+  expect_refused(o, 1, Option::sinks, "--sinks: inf for head 2 is not a logit");
+  o.sinks = {0.0, 0.0, 0.0, 1e300};
+  expect_refused(o, 1, Option::sinks, "--sinks: 1e+300 for head 3 overflows f32");
+  o.dtype = "f64";
+  EXPECT_NO_THROW(make_attention_plan(o, 1, cli_names()));
+}
+
+TEST(Plan, SoftcapZeroIsNoneAndANegativeOneIsRefused) {
+  PlanOptions o = small();
+  o.softcap = 0.0;  // flash-attn's softcap=0.0: no capping
+  EXPECT_EQ(make_attention_plan(o, 1, cli_names()).softcap, 0.0);
+  o.softcap = -1.0;
+  expect_refused(o, 1, Option::softcap, "--softcap: -1 is not a cap");
+  o.softcap = INFINITY;
+  expect_refused(o, 1, Option::softcap, "--softcap: inf is not a cap");
+}

@@ -116,8 +116,19 @@ Work block_forward(const QueryShard<S>& q, const KVBlock<S>& kv, const Mask& mas
 // O = a / l in place (acc becomes O) and LSE = m + log l (natural log) into lse [rows]; m and l
 // stay, in the kernel's units, for the backward. A row with no visible key has O = 0, m = LSE = -inf
 // and l = 0; a row with a non-finite score has l = NaN, so O and LSE are NaN.
+// Attention sinks: `sinks` [pk.H()] (natural-log logits, head h = g G + t of the packing; null:
+// none) join each row's softmax denominator and attend to no value. The row's state merges with
+// (m, l, a) = (sink_h, 1, 0) first, so the m and l the backward reads and LSE include it; a row with
+// no visible key then has O = 0 and LSE = sink_h (softmax over the sink alone), and a sink of -inf
+// changes nothing.
 template <class A>
-void finalize_forward(const Packing& pk, OnlineState<A> st, A* lse);
+void finalize_forward(const Packing& pk, OnlineState<A> st, A* lse, const double* sinks = nullptr);
+
+// The sinks' gradient from this shard's rows (in row order, in double), added into dsinks [pk.H()]:
+//   dL/dsink_h = -sum_i P_sink,i delta_i,   P_sink,i = e^(sink_h - LSE_i)
+// with delta the backward's row term (D_i = sum dO_i.O_i - dLSE_i) and lse the forward's.
+template <class A>
+void add_sink_grad(const Packing& pk, const A* lse, const A* delta, const double* sinks, double* dsinks);
 
 // What the backward needs of the query side.
 template <class S>
@@ -127,7 +138,7 @@ struct GradQueryShard {
   const S* dout = nullptr;   // query-like
   const A* m = nullptr;      // row stats: the forward's final running max (kernel units)
   const A* l = nullptr;      // row stats: the forward's exp-sum (0: the row sees no key)
-  const A* delta = nullptr;  // row stats: D_i = sum_d dO_i . O_i
+  const A* delta = nullptr;  // row stats: D_i = sum_d dO_i . O_i (- dL/dLSE_i when LSE has a gradient)
   A* dq = nullptr;           // query-like, accumulated
 };
 

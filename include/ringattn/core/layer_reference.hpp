@@ -33,6 +33,6 @@ LayerResult reference_layer(const Shape& s, Index M, const Mask& mask, double sc
 DenseResult reference_attention_rope(const Shape& s, const Mask& mask, double scale, double rope_theta,
                                      const std::vector<double>& q, const std::vector<double>& k,
                                      const std::vector<double>& v, const std::vector<double>& dout,
-                                     bool backward = true);
+                                     bool backward = true, const AttentionExtras& extras = {});
 
 }  // namespace ringattn::core

@@ -47,4 +47,21 @@ void unpack_heads(const Packing& p, const T* packed, T* file) {
                     sizeof(T) * p.G * p.D);
 }
 
+// Row statistics [B, H, L] (file order, as lse) -> [B, HKV, L, G], and back.
+template <class T>
+void pack_rows(const Packing& p, const T* file, T* packed) {
+  for (Index b = 0; b < p.B; ++b)
+    for (Index g = 0; g < p.HKV; ++g)
+      for (Index i = 0; i < p.L; ++i)
+        for (Index t = 0; t < p.G; ++t) packed[p.row_group(b, g) + i * p.G + t] = file[(b * p.H() + g * p.G + t) * p.L + i];
+}
+
+template <class T>
+void unpack_rows(const Packing& p, const T* packed, T* file) {
+  for (Index b = 0; b < p.B; ++b)
+    for (Index g = 0; g < p.HKV; ++g)
+      for (Index i = 0; i < p.L; ++i)
+        for (Index t = 0; t < p.G; ++t) file[(b * p.H() + g * p.G + t) * p.L + i] = packed[p.row_group(b, g) + i * p.G + t];
+}
+
 }  // namespace ringattn::core

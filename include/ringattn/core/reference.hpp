@@ -15,15 +15,29 @@ namespace ringattn::core {
 
 struct DenseResult {
   std::vector<double> o, lse, dq, dk, dv;
-  double loss = 0;  // sum dout . o
+  std::vector<double> dsinks;  // [H], with sinks
+  double loss = 0;  // sum dout . o (+ dlse . lse when dlse is given)
+};
+
+// What attention may add to softmax(scale q k^T + mask) v:
+//   softcap c > 0: each scaled score s becomes c tanh(s / c) before the mask and the softmax;
+//   sinks [H]: a logit per query head in every row's denominator that attends to no value (a row
+//     with no visible key then has O = 0, LSE = sink); -inf is no sink;
+//   dlse [B, H, S]: dL/dLSE, a gradient flowing into LSE as well as dout into O.
+struct AttentionExtras {
+  double softcap = 0;
+  std::vector<double> sinks;
+  std::vector<double> dlse;
 };
 
 DenseResult reference_attention(const Shape& s, const Mask& mask, double scale, const std::vector<double>& q,
                                 const std::vector<double>& k, const std::vector<double>& v,
-                                const std::vector<double>& dout, bool backward = true);
+                                const std::vector<double>& dout, bool backward = true,
+                                const AttentionExtras& extras = {});
 DenseResult reference_attention_loops(const Shape& s, const Mask& mask, double scale, const std::vector<double>& q,
                                       const std::vector<double>& k, const std::vector<double>& v,
-                                      const std::vector<double>& dout, bool backward = true);
+                                      const std::vector<double>& dout, bool backward = true,
+                                      const AttentionExtras& extras = {});
 
 // max |x - ref| / max(max |ref|, floor) over the entries; -inf must match -inf exactly (else
 // +inf error), NaN anywhere gives +inf. A denominator below 1e-300 falls back to the absolute

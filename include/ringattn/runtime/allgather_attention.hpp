@@ -45,6 +45,8 @@ class AllGatherAttention final : public Strategy<S> {
 
   void load(const S* q, const S* k, const S* v) override;
   void load_dout(const S* dout) override;
+  void load_dlse(const A* dlse) override;
+  void add_sink_grad(double* dsinks) const override;
   PassStats forward() override;
   PassStats backward() override;
   void outputs(A* o, A* lse, A* dq, A* dk, A* dv) const override;
@@ -58,6 +60,7 @@ class AllGatherAttention final : public Strategy<S> {
   struct Group {
     core::AlignedVector<S> q, dout;
     core::AlignedVector<A> m, l, acc, lse, delta, dq, dkv;
+    core::AlignedVector<A> dlse;  // dL/dLSE of the rows, when given
   };
   // What one rank needs of an owner's positions: local indices [lo, hi) of the owner's shard.
   struct Range {
@@ -101,6 +104,7 @@ class AllGatherAttention final : public Strategy<S> {
   core::Workspace<A> ws_;
   core::Ledger ledger_;
   bool backward_ready_ = false;
+  bool has_dlse_ = false;
 };
 
 }  // namespace ringattn::runtime

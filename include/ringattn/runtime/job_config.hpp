@@ -34,6 +34,7 @@ struct JobConfig : PlanOptions {
   bool dtype_given = false;  // --dtype given: with --inputs, converts the files' values on load
   std::uint64_t seed = 0;
   std::string inputs, out, report, trace;
+  std::string sinks_file;  // --sinks FILE.npy: [H] sink logits (PlanOptions::sinks read from it)
   bool check = false;
   int warmup = 0, iters = 1;
   // --timing-only (the SimGrid/SMPI build only): count the kernels' flops and charge them to the

@@ -9,6 +9,7 @@
 #include <array>
 #include <functional>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -28,7 +29,8 @@ namespace ringattn::runtime {
 // Every option a plan takes. The token of each is its name in this list (@seq, @kv_heads, ...).
 enum class Option {
   seq, batch, heads, kv_heads, head_dim, dtype, causal, window, doc_lens, layout, partition, scale, rope,
-  strategy, ulysses_degree, timeout, tile_q, tile_k, tile_strip, traffic, kv_head_group, count
+  strategy, ulysses_degree, timeout, tile_q, tile_k, tile_strip, traffic, kv_head_group, softcap, sinks, cu_seqlens,
+  count
 };
 inline constexpr std::size_t kOptions = static_cast<std::size_t>(Option::count);
 
@@ -60,8 +62,11 @@ struct PlanOptions {
   bool causal = false;
   std::optional<Index> window;        // W >= 1: causal sliding window, i - W < j <= i; empty: none
   std::vector<Index> doc_lens;        // packed documents (sum S): attention stays within each
+  std::vector<Index> cu_seqlens;      // the same as offsets (flash-attn's): 0, ..., S; instead of doc_lens
   std::optional<double> scale;        // default 1/sqrt(D)
   std::optional<double> rope_theta;   // RoPE (rotate-half) on q and k at their global positions
+  std::optional<double> softcap;      // c > 0: each scaled score s becomes c tanh(s / c); empty or 0: none
+  std::vector<double> sinks;          // [H] attention-sink logits, one per query head; empty: none
   std::string strategy = "ring";      // ring | ulysses | usp | allgather
   std::optional<int> ulysses_degree;  // usp: ranks per all-to-all group
   std::optional<int> kv_head_group;   // allgather: KV heads gathered at once (divides HKV); empty: by memory
@@ -96,6 +101,9 @@ struct AttentionPlan {
   int kv_head_group = 1;   // allgather: KV heads per gathered group
   double scale = 1;
   std::optional<double> rope_theta;
+  double softcap = 0;             // 0: none
+  std::vector<double> sinks;      // [H], or empty
+  std::vector<Index> doc_lens;    // the documents, from doc_lens or cu_seqlens; empty: none
   core::Tiling tiling;     // as given (0: the target's default, resolved per strategy in setup())
   core::Traffic traffic = core::Traffic::aware;
   double timeout_s = 0;    // the watchdog
@@ -129,6 +137,10 @@ AttentionPlan make_attention_plan(const PlanOptions& o, int N, const OptionNames
 // plus ten times the time the busiest rank's share of one iteration (and extra_flops) would take
 // at 1 GFLOP/s, a hundredth of one core of today's CPUs.
 double default_timeout(const core::Shape& s, Index largest_shard, bool backward, double extra_flops);
+
+// Sink logits for H query heads: one per head, each a number or -inf (no sink for that head), and
+// within float32's range for a @dtype other than f64. OptionError(sinks) otherwise.
+void check_sinks(std::span<const double> sinks, Index H, core::DType dtype, const OptionNames& names);
 
 // The strategy's setup for this plan; it points into `p`, which must outlive the strategy.
 StrategySetup strategy_setup(const AttentionPlan& p);

@@ -30,6 +30,8 @@ class RingAttention final : public Strategy<S> {
 
   void load(const S* q, const S* k, const S* v) override;
   void load_dout(const S* dout) override;
+  void load_dlse(const A* dlse) override;
+  void add_sink_grad(double* dsinks) const override;
   void set_observer(RingObserver<A>* obs) override { obs_ = obs; }
   const core::RingPlan& plan() const { return plan_; }
   PassStats forward() override;
@@ -57,6 +59,8 @@ class RingAttention final : public Strategy<S> {
   core::AlignedVector<A> m_, l_, acc_;  // online state; after finalize: O in acc_ (m, l kept for the backward)
   core::AlignedVector<A> lse_;          // row stats: m + log l, natural log
   core::AlignedVector<A> delta_, dq_, dkv_own_;
+  core::AlignedVector<A> dlse_;         // row stats: dL/dLSE when given (has_dlse_)
+  bool has_dlse_ = false;
   core::AlignedVector<S> kv_buf_[2];    // the two remote K/V buffers
   core::AlignedVector<A> grad_send_[2], grad_recv_;
   core::Workspace<A> ws_;

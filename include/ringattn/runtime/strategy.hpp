@@ -68,6 +68,9 @@ struct StrategySetup {
   double scale = 1.0;
   core::Tiling tiling;
   core::Traffic traffic = core::Traffic::aware;
+  // Attention sinks: [H] logits of the whole shape's query heads (core::finalize_forward); null:
+  // none. Read at every forward, so the owner may change the values between calls.
+  const double* sinks = nullptr;
   StrategyKind kind = StrategyKind::ring;
   int ulysses_degree = 1;  // usp: ranks per all-to-all group (U); ulysses: N; ring: 1
   int kv_head_group = 1;   // allgather: KV heads gathered together (divides HKV)
@@ -111,11 +114,19 @@ class Strategy {
   virtual void load(const S* q, const S* k, const S* v) = 0;
   // dL/dO for this rank's positions, [B, L, H, D]; before backward(). Copied.
   virtual void load_dout(const S* dout) = 0;
+  // dL/dLSE of this rank's rows, lse-like [B, H, L] (file order, accumulation type), after
+  // load_dout() and before backward(): the backward's row term becomes D_i = sum dO_i.O_i - dLSE_i,
+  // so dS_ij gains P_ij dLSE_i. load_dout() clears it. Every rank of the strategy gives one, or none
+  // does (a head-parallel strategy moves it through an all-to-all).
+  virtual void load_dlse(const A* dlse) = 0;
   virtual PassStats forward() = 0;
   virtual PassStats backward() = 0;  // after forward() and load_dout()
   // This rank's outputs in file order: o, dq [B, L, H, D]; lse [B, H, L]; dk, dv [B, L, HKV, D].
   // Any pointer may be null.
   virtual void outputs(A* o, A* lse, A* dq, A* dk, A* dv) const = 0;
+  // After backward(), with sinks: this rank's rows' share of dL/dsink added into dsinks [H]
+  // (core::add_sink_grad); the shares of all ranks sum to the whole gradient (sink_gradient).
+  virtual void add_sink_grad(double* dsinks) const = 0;
   // What moved during the last forward (and backward), counted as it moved.
   virtual const core::Ledger& ledger() const = 0;
   // Bytes of every buffer this rank holds for the strategy (its memory budget).
@@ -128,5 +139,11 @@ class Strategy {
 // The strategy setup.kind names, on `comm` (collective).
 template <class S>
 std::unique_ptr<Strategy<S>> make_strategy(const comm::Comm& comm, const StrategySetup& setup);
+
+// dL/dsink [H] after a backward with sinks, on every rank of `group` (the strategy's ranks): every
+// rank's share gathered and summed in rank order, in double, so every rank holds the same bits
+// whatever order the messages arrive in. Collective.
+template <class S>
+std::vector<double> sink_gradient(const comm::Group& group, const Strategy<S>& strategy, Index H);
 
 }  // namespace ringattn::runtime

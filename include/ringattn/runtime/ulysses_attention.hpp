@@ -12,7 +12,8 @@
 //           shard g is group g's positions; masks read global positions, so they hold unchanged.
 //           With R = 1 (ulysses, U = N) this is attention over all S positions on one rank;
 //   phase 3: all-to-all back: O and LSE of each member's positions return to it.
-// Backward: dO goes as q did; the ring's backward; dQ, dK, dV return to the owners of the
+// Backward: dO goes as q did (and dL/dLSE, when given, as LSE came: B Hu L more elements of the
+// accumulation type per member); the ring's backward; dQ, dK, dV return to the owners of the
 // positions, which sum the dK/dV of replicated kv heads in a fixed order (member, then copy), so
 // results are bitwise reproducible for a given N, U and layout.
 //
@@ -39,6 +40,8 @@ class UlyssesAttention final : public Strategy<S> {
 
   void load(const S* q, const S* k, const S* v) override;
   void load_dout(const S* dout) override;
+  void load_dlse(const A* dlse) override;
+  void add_sink_grad(double* dsinks) const override;
   PassStats forward() override;
   PassStats backward() override;
   void outputs(A* o, A* lse, A* dq, A* dk, A* dv) const override;
@@ -75,6 +78,8 @@ class UlyssesAttention final : public Strategy<S> {
   core::AlignedVector<S> q_g_, k_g_, v_g_, dout_g_;      // [B, Lg, Hu | HKVu, D]
   core::AlignedVector<A> o_g_, lse_g_, dq_g_, dk_g_, dv_g_;  // the ring's outputs: [B, Lg, .., D], lse [B, Hu, Lg]
   core::AlignedVector<A> out_send_, out_recv_;               // their way back to the owners
+  core::AlignedVector<A> dlse_send_, dlse_recv_, dlse_g_;    // dL/dLSE when given: [U][B, Hu, L], ..., [B, Hu, Lg]
+  bool has_dlse_ = false;
   core::AlignedVector<A> o_, lse_, dq_, dk_, dv_;        // this rank's outputs, file order
   core::Ledger ledger_;
   bool backward_ready_ = false;

@@ -42,6 +42,11 @@ class AttentionJob final : public Job {
   IterationTimes iterate(bool) override {
     pf_ = strategy_->forward();
     pb_ = c_.backward ? strategy_->backward() : PassStats{};
+    if (c_.backward && !p_.sinks.empty() && !c_.timing_only) {  // part of the backward: timed with it
+      const double t0 = comm::wtime();
+      dsinks_ = sink_gradient(comm_, *strategy_, p_.shape.H);
+      pb_.total_s += comm::wtime() - t0;
+    }
     return {pf_.total_s, pb_.total_s, pf_.compute_s + pb_.compute_s, pf_.wait_s + pb_.wait_s,
             pf_.a2a_wait_s + pb_.a2a_wait_s};
   }
@@ -67,6 +72,10 @@ class AttentionJob final : public Job {
       out.push_back(output("dq", query, 1, dq_, true));
       out.push_back(output("dk", kv, 1, dk_, true));
       out.push_back(output("dv", kv, 1, dv_, true));
+      if (!p_.sinks.empty()) {  // [H], the same on every rank
+        dsinks_out_.assign(dsinks_.begin(), dsinks_.end());
+        out.push_back(output("dsinks", {s.H}, kWhole, dsinks_out_, true));
+      }
     }
     // The inputs as used (16-bit ones as f32 files), so anyone can recompute the reference.
     if (!p_.inputs.from_files() || p_.inputs.rounded)
@@ -115,9 +124,13 @@ class AttentionJob final : public Job {
     const core::Shape& s = p_.shape;
     std::vector<double> g[4];
     for (int t = 0; t < 4; ++t) g[t] = global_input<S>(p_.inputs, p_.inputs.specs[t]);
+    core::AttentionExtras extras;
+    extras.softcap = p_.softcap;
+    extras.sinks = p_.sinks;
     const core::DenseResult ref =
-        c_.rope_theta ? core::reference_attention_rope(s, p_.mask, p_.scale, *c_.rope_theta, g[0], g[1], g[2], g[3], c_.backward)
-                : core::reference_attention(s, p_.mask, p_.scale, g[0], g[1], g[2], g[3], c_.backward);
+        c_.rope_theta ? core::reference_attention_rope(s, p_.mask, p_.scale, *c_.rope_theta, g[0], g[1], g[2], g[3],
+                                                        c_.backward, extras)
+                      : core::reference_attention(s, p_.mask, p_.scale, g[0], g[1], g[2], g[3], c_.backward, extras);
     auto peak = [](const std::vector<double>& v) {
       double m = 0;
       for (double x : v) m = std::max(m, std::abs(x));
@@ -131,6 +144,8 @@ class AttentionJob final : public Job {
       out.push_back({"dq", ref.dq, sc * k * v * d});
       out.push_back({"dk", ref.dk, sc * q * v * d});
       out.push_back({"dv", ref.dv, d});
+      // a sink's gradient sums e^(sink - LSE_i) (dO_i . O_i) over the rows: of the order of |dO| |v|
+      if (!p_.sinks.empty()) out.push_back({"dsinks", ref.dsinks, d * v});
     }
     return out;
   }
@@ -145,7 +160,8 @@ class AttentionJob final : public Job {
   std::optional<core::ShardRope<S>> rope_;
   std::unique_ptr<Strategy<S>> strategy_;
   PassStats pf_, pb_;
-  mutable std::vector<A> o_, lse_, dq_, dk_, dv_;
+  mutable std::vector<A> o_, lse_, dq_, dk_, dv_, dsinks_out_;
+  std::vector<double> dsinks_;  // [H] after a backward with sinks
   mutable std::vector<float> used_[4];  // 16-bit inputs widened for their files
 };
 

@@ -13,6 +13,7 @@
 #include "ringattn/core/rope.hpp"
 #include "ringattn/core/simd.hpp"
 #include "ringattn/io/json.hpp"
+#include "ringattn/io/npy.hpp"
 #include "ringattn/runtime/paths.hpp"
 #include "ringattn/runtime/ring_attention.hpp"
 
@@ -58,6 +59,11 @@ std::string shape_str(const std::vector<Index>& v) {
 void check_run_options(const JobConfig& c) {
   if (c.iters < 1) throw InputError(fmt::format("--iters: {} is not >= 1", c.iters));
   if (c.warmup < 0) throw InputError(fmt::format("--warmup: {} is negative", c.warmup));
+  // The layer's reference and outputs have no soft-capping and no sink gradient.
+  for (const auto& [option, given] : {std::pair{"--softcap", c.softcap.value_or(0) != 0},
+                                      std::pair{"--sinks", !c.sinks_file.empty()}})
+    if (given && c.layer)
+      throw InputError(fmt::format("{}: not with --layer (expected it in attention mode, without --layer)", option));
   if (c.timing_only) {
     if (!comm::simulated())
       throw InputError("--timing-only: only the SimGrid/SMPI simulation build charges counted flops (scripts/simulate.sh)");
@@ -218,6 +224,13 @@ JobPlan make_plan(const JobConfig& c, int N) {
   PlanOptions o = c;
   o.shape = p.shape;
   o.dtype = core::dtype_name(p.dtype);
+  if (!c.sinks_file.empty()) {  // [H] logits, read whole on every rank (the plan's fields compare them)
+    const io::NpyHeader h = io::read_npy_header(c.sinks_file);
+    if (h.shape.size() != 1)  // its length the plan checks
+      throw OptionError(Option::sinks, fmt::format("--sinks {}: shape {} (expected [H] = [{}], one logit per query "
+                                                   "head)", c.sinks_file, shape_str(h.shape), p.shape.H));
+    o.sinks = io::read_npy<double>(c.sinks_file, h);
+  }
   PlanExtras extras;
   extras.memory = [&](MemoryPlan& m, Index Lmax) { job_memory(c, p, m, Lmax); };
   if (c.layer) {
@@ -309,6 +322,8 @@ io::Json config_json(const JobConfig& c, const JobPlan& p, int N) {
   j["mask"] = p.mask.describe();
   j["traffic"] = c.traffic;
   j["rope"] = c.rope_theta ? io::Json(*c.rope_theta) : io::Json();
+  j["softcap"] = p.softcap > 0 ? io::Json(p.softcap) : io::Json();
+  j["sinks"] = c.sinks_file.empty() ? io::Json() : io::Json(c.sinks_file);
   j["strategy"] = strategy_name(p.strategy);
   j["ulysses_degree"] = p.ulysses_degree;
   if (c.timing_only) j["timing_only"] = true;  // simulated, counted flops charged: no values

@@ -24,7 +24,7 @@ namespace {
 constexpr std::array<const char*, kOptions> kTokens = {
     "seq",  "batch",    "heads", "kv_heads", "head_dim",       "dtype",   "causal", "window", "doc_lens", "layout",
     "partition", "scale", "rope", "strategy", "ulysses_degree", "timeout", "tile_q", "tile_k", "tile_strip", "traffic",
-    "kv_head_group"};
+    "kv_head_group", "softcap", "sinks", "cu_seqlens"};
 
 std::string join(std::span<const Index> v) {
   std::string s;
@@ -54,6 +54,27 @@ void check_partition(const std::vector<Index>& partition, core::LayoutKind kind,
   }
   if (sum != S)
     fail(n, Option::partition, fmt::format("@partition: sizes sum to {} but S is {} (expected sum == S)", sum, S));
+}
+
+// The documents' lengths that doc_lens or cu_seqlens (offsets 0 = c0 <= c1 <= ... <= cn = S) give.
+std::vector<Index> checked_documents(const PlanOptions& o, const OptionNames& n) {
+  if (o.cu_seqlens.empty()) return o.doc_lens;
+  if (!o.doc_lens.empty())
+    fail(n, Option::cu_seqlens, "@cu_seqlens: given with @doc_lens (expected one of the two)");
+  const auto& c = o.cu_seqlens;
+  if (c.front() != 0)
+    fail(n, Option::cu_seqlens, fmt::format("@cu_seqlens: starts at {} (expected offsets 0, ..., S)", c.front()));
+  std::vector<Index> lens;
+  for (std::size_t i = 1; i < c.size(); ++i) {
+    if (c[i] < c[i - 1])
+      fail(n, Option::cu_seqlens, fmt::format("@cu_seqlens: offset {} follows {} (expected nondecreasing offsets)",
+                                              c[i], c[i - 1]));
+    lens.push_back(c[i] - c[i - 1]);
+  }
+  if (c.back() != o.shape.S)
+    fail(n, Option::cu_seqlens, fmt::format("@cu_seqlens: ends at {} but S is {} (expected the last offset == S)",
+                                            c.back(), o.shape.S));
+  return lens;
 }
 
 void check_mask(const PlanOptions& o, const OptionNames& n) {
@@ -94,6 +115,19 @@ void check_rope(const PlanOptions& o, DType dtype, const OptionNames& n) {
     fail(n, Option::rope, fmt::format("@rope: not supported with @dtype {} (the rotated q and k would be rounded to "
                                       "{} again; expected @dtype f32 or f64 with @rope, or q and k rotated before "
                                       "the call)", core::dtype_name(dtype), core::dtype_name(dtype)));
+}
+
+// 0 (none) as flash-attn's softcap=0.0; otherwise a positive finite cap in the scores' type.
+double checked_softcap(const PlanOptions& o, DType dtype, const OptionNames& n) {
+  if (!o.softcap) return 0;
+  const double c = *o.softcap;
+  if (!(std::isfinite(c) && c >= 0))
+    fail(n, Option::softcap, fmt::format("@softcap: {} is not a cap (expected c > 0, or 0 for none)", c));
+  if (dtype != DType::f64 && !std::isfinite(static_cast<float>(c)))
+    fail(n, Option::softcap, fmt::format("@softcap: {:g} overflows {}'s float32 arithmetic (expected c <= {:g})", c,
+                                         core::dtype_name(dtype), double(std::numeric_limits<float>::max())));
+  if (c > 0) fail(n, Option::softcap, "@softcap: not supported by these kernels yet (expected none, or 0)");
+  return c;
 }
 
 // The strategy's rules: ulysses splits H over N; usp splits H and N over U.
@@ -223,10 +257,11 @@ std::string OptionNames::render(std::string_view text) const {
 }
 
 const OptionNames& cli_names() {
+  // The command line has no cu_seqlens (--doc-lens says the same).
   static const OptionNames n{{"--seq", "--batch", "--heads", "--kv-heads", "--head-dim", "--dtype", "--causal",
                               "--window", "--doc-lens", "--layout", "--partition", "--scale", "--rope", "--strategy",
                               "--ulysses-degree", "--timeout", "--tile-q", "--tile-k", "--tile-strip", "--traffic",
-                              "--kv-head-group"}};
+                              "--kv-head-group", "--softcap", "--sinks", "cu_seqlens"}};
   return n;
 }
 
@@ -234,7 +269,7 @@ const OptionNames& cpp_names() {
   static const OptionNames n{{"shape.S", "shape.B", "shape.H", "shape.HKV", "shape.D", "dtype", "causal", "window",
                               "doc_lens", "layout", "partition", "scale", "rope_theta", "strategy", "ulysses_degree",
                               "timeout_s", "tiling.q_rows", "tiling.k_cols", "tiling.strip_rows", "traffic",
-                              "kv_head_group"}};
+                              "kv_head_group", "softcap", "sinks", "cu_seqlens"}};
   return n;
 }
 
@@ -242,8 +277,25 @@ const OptionNames& python_names() {
   // B, H, HKV and D come from the shapes of q and k.
   static const OptionNames n{{"seq_len", "q's B", "q's H", "k's HKV", "q's D", "dtype", "causal", "window",
                               "doc_lens", "layout", "partition", "scale", "rope", "strategy", "ulysses_degree",
-                              "timeout", "tile_q", "tile_k", "tile_strip", "traffic", "kv_head_group"}};
+                              "timeout", "tile_q", "tile_k", "tile_strip", "traffic", "kv_head_group", "softcap",
+                              "sinks", "cu_seqlens"}};
   return n;
+}
+
+void check_sinks(std::span<const double> sinks, Index H, DType dtype, const OptionNames& n) {
+  if (static_cast<Index>(sinks.size()) != H)
+    fail(n, Option::sinks, fmt::format("@sinks: {} values for H = {} query heads (expected one sink logit per query "
+                                       "head)", sinks.size(), H));
+  for (std::size_t h = 0; h < sinks.size(); ++h) {
+    const double x = sinks[h];
+    if (std::isnan(x) || x == std::numeric_limits<double>::infinity())
+      fail(n, Option::sinks, fmt::format("@sinks: {} for head {} is not a logit (expected a finite number, or -inf "
+                                         "for no sink)", x, h));
+    if (dtype != DType::f64 && std::isfinite(x) && !std::isfinite(static_cast<float>(x)))
+      fail(n, Option::sinks, fmt::format("@sinks: {:g} for head {} overflows {}'s float32 arithmetic (expected "
+                                         "|sink| <= {:g})", x, h, core::dtype_name(dtype),
+                                         double(std::numeric_limits<float>::max())));
+  }
 }
 
 DType parse_dtype(const std::string& name, const OptionNames& n) {
@@ -302,6 +354,10 @@ AttentionPlan make_attention_plan(const PlanOptions& o, int N, const OptionNames
   check_rope(o, p.dtype, n);
   p.rope_theta = o.rope_theta;
   check_mask(o, n);
+  p.doc_lens = checked_documents(o, n);
+  p.softcap = checked_softcap(o, p.dtype, n);
+  if (!o.sinks.empty()) check_sinks(o.sinks, o.shape.H, p.dtype, n);
+  p.sinks = o.sinks;
   const core::LayoutKind kind = resolve_layout(o.layout, o.causal, o.window.value_or(0), !o.partition.empty(), n);
   check_partition(o.partition, kind, N, o.shape.S, n);
   p.strategy = parse_strategy(o.strategy, n);
@@ -324,7 +380,7 @@ AttentionPlan make_attention_plan(const PlanOptions& o, int N, const OptionNames
                  fmt::format("{} ({})", p.shape.str(), core::dtype_name(p.dtype)), extras.memory_hint);
   }
   p.layout = core::Layout::make(kind, o.shape.S, N, o.partition);
-  p.mask = core::Mask::make(o.shape.S, o.causal, o.window.value_or(0), o.doc_lens);
+  p.mask = core::Mask::make(o.shape.S, o.causal, o.window.value_or(0), p.doc_lens);
   p.timeout_s = o.timeout_s ? *o.timeout_s : default_timeout(p.shape, Lmax, o.backward, extras.flops);
   if (comm::simulated()) p.timeout_s = 0;  // simulated time: no watchdog (see comm::Comm::set_timeout)
   return p;
@@ -341,11 +397,21 @@ StrategySetup strategy_setup(const AttentionPlan& p) {
                                                                      p.shape.G())
                                               : p.tiling;
   s.traffic = p.traffic;
+  s.sinks = p.sinks.empty() ? nullptr : p.sinks.data();
   s.kind = p.strategy;
   s.ulysses_degree = p.ulysses_degree;
   s.kv_head_group = p.kv_head_group;
   return s;
 }
+
+namespace {
+std::string sink_text(const std::vector<double>& sinks) {
+  if (sinks.empty()) return "off";
+  std::string t;
+  for (std::size_t h = 0; h < sinks.size(); ++h) t += fmt::format("{}{:.17g}", h ? "," : "", sinks[h]);
+  return t;
+}
+}  // namespace
 
 std::vector<PlanField> plan_fields(const AttentionPlan& p, const PlanOptions& o, const OptionNames& n) {
   auto num = [](double v) { return fmt::format("{:.17g}", v); };
@@ -359,7 +425,9 @@ std::vector<PlanField> plan_fields(const AttentionPlan& p, const PlanOptions& o,
           {named(Option::dtype, "the dtype"), core::dtype_name(p.dtype)},
           {n[Option::causal], o.causal ? "on" : "off"},
           {n[Option::window], std::to_string(o.window.value_or(0))},
-          {n[Option::doc_lens], join(o.doc_lens)},
+          {n[Option::doc_lens], join(p.doc_lens)},
+          {n[Option::softcap], p.softcap > 0 ? num(p.softcap) : "off"},
+          {n[Option::sinks], sink_text(p.sinks)},
           {named(Option::layout, "the layout"), core::layout_name(p.layout.kind())},
           {named(Option::partition, "the shard sizes"), join(p.layout.sizes())},
           {n[Option::scale], num(p.scale)},

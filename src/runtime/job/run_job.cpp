@@ -65,6 +65,7 @@ RunResult run_job(comm::Comm& comm, const JobConfig& c) {
   if (p.inputs.from_files())
     for (std::size_t t = 0; t < p.inputs.specs.size(); ++t)
       if (p.inputs.headers[t]) paths.inputs.push_back(p.inputs.path(p.inputs.specs[t]));
+  if (!c.sinks_file.empty()) paths.inputs.push_back(c.sinks_file);
   StagedOutputs staged(comm, paths);  // every output path checked before anything is computed
   RunResult res = core::with_storage(p.dtype, [&]<class S>() { return run_typed<S>(comm, c, p, staged); });
   res.facts = JobFacts{p.shape,    p.dtype,   p.mask.describe(), core::layout_name(p.layout.kind()),

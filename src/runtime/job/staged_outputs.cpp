@@ -33,7 +33,7 @@ namespace fs = std::filesystem;
 const std::vector<std::string>& own_output_names() {
   static const std::vector<std::string> names = {"o",  "lse", "dq", "dk", "dv",  "q",   "k",   "v",   "dout", "y",  "dx",
                                                  "dwq", "dwk", "dwv", "dwo", "x", "wq", "wk", "wv", "wo", "dy",
-                                                 "o_prefill", "o_decode"};
+                                                 "o_prefill", "o_decode", "dsinks"};
   return names;
 }
 

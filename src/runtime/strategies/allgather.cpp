@@ -202,10 +202,37 @@ void AllGatherAttention<S>::load(const S* q, const S* k, const S* v) {
 template <class S>
 void AllGatherAttention<S>::load_dout(const S* dout) {
   allocate_backward();
+  has_dlse_ = false;
   if (s_.timing_only) return;
   const core::Shape& sh = s_.shape;
   dout_file_.assign(dout, dout + sh.B * L_ * sh.H * sh.D);
   for (int g = 0; g < groups_; ++g) pack_slice(pq_, dout, sh.H, Index(g) * G_ * sh.G(), g_[g].dout.data());
+}
+
+template <class S>
+void AllGatherAttention<S>::load_dlse(const A* dlse) {
+  has_dlse_ = dlse != nullptr;
+  if (!dlse || s_.timing_only) return;
+  const core::Shape& sh = s_.shape;
+  for (int g = 0; g < groups_; ++g) {  // rows of heads [h0, h0 + G H/HKV) from [B, H, L]
+    Group& grp = g_[g];
+    grp.dlse.resize(pq_.row_elems());
+    const Index h0 = Index(g) * G_ * sh.G();
+    for (Index b = 0; b < pq_.B; ++b)
+      for (Index kv = 0; kv < pq_.HKV; ++kv)
+        for (Index i = 0; i < L_; ++i)
+          for (Index t = 0; t < pq_.G; ++t)
+            grp.dlse[pq_.row_group(b, kv) + i * pq_.G + t] = dlse[(b * sh.H + h0 + kv * pq_.G + t) * L_ + i];
+  }
+}
+
+template <class S>
+void AllGatherAttention<S>::add_sink_grad(double* dsinks) const {
+  if (!s_.sinks || s_.timing_only) return;
+  for (int g = 0; g < groups_; ++g) {
+    const Index h0 = Index(g) * G_ * s_.shape.G();
+    core::add_sink_grad(pq_, g_[g].lse.data(), g_[g].delta.data(), s_.sinks + h0, dsinks + h0);
+  }
 }
 
 template <class S>
@@ -307,7 +334,8 @@ PassStats AllGatherAttention<S>::forward() {
           },
           [&] { return core::count_block_forward(qs, view(q, kv), *s_.mask, ws_); }, 1.0);
     }
-    if (step.computes()) core::finalize_forward(pq_, st, grp.lse.data());
+    const double* sinks = s_.sinks ? s_.sinks + Index(g) * G_ * s_.shape.G() : nullptr;  // the group's heads
+    if (step.computes()) core::finalize_forward(pq_, st, grp.lse.data(), sinks);
     step.end();
   }
   return step.finish();
@@ -332,6 +360,8 @@ PassStats AllGatherAttention<S>::backward() {
     const S* kv = gathered_[g % 2].data();
     if (step.computes()) {
       core::compute_delta(pq_, grp.dout.data(), grp.acc.data(), grp.delta.data());
+      if (has_dlse_)  // dS_ij += P_ij dLSE_i
+        for (std::size_t r = 0; r < grp.delta.size(); ++r) grp.delta[r] -= grp.dlse[r];
       std::fill(grp.dq.begin(), grp.dq.end(), A(0));
       std::fill(contrib_.begin(), contrib_.end(), A(0));
     }

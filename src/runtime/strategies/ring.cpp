@@ -85,8 +85,22 @@ void RingAttention<T>::allocate_backward() {
 template <class T>
 void RingAttention<T>::load_dout(const T* dout) {
   allocate_backward();
+  has_dlse_ = false;
   if (s_.timing_only) return;  // no data
   core::pack_heads(pq_, dout, dout_.data());
+}
+
+template <class T>
+void RingAttention<T>::load_dlse(const A* dlse) {
+  has_dlse_ = dlse != nullptr;
+  if (!dlse || s_.timing_only) return;
+  dlse_.resize(pq_.row_elems());
+  core::pack_rows(pq_, dlse, dlse_.data());
+}
+
+template <class T>
+void RingAttention<T>::add_sink_grad(double* dsinks) const {
+  if (s_.sinks && !s_.timing_only) core::add_sink_grad(pq_, lse_.data(), delta_.data(), s_.sinks, dsinks);
 }
 
 template <class T>
@@ -143,7 +157,7 @@ PassStats RingAttention<T>::forward() {
     if (plan_.receives(r_, j + 1)) cur = kv_buf_[j % 2].data();
     step.end();
   }
-  if (step.computes()) core::finalize_forward(pq_, st, lse_.data());
+  if (step.computes()) core::finalize_forward(pq_, st, lse_.data(), s_.sinks);
   ledger_.ring_bytes(Index(sizeof(T)), Index(sizeof(A)));
   return step.finish();
 }
@@ -155,6 +169,8 @@ PassStats RingAttention<T>::backward() {
   const A scale = static_cast<A>(s_.scale);
   if (step.computes()) {
     core::compute_delta(pq_, dout_.data(), acc_.data(), delta_.data());
+    if (has_dlse_)  // in the forward pass LSE_i = log sum_j e^S_ij, so dS_ij += P_ij dLSE_i
+      for (std::size_t r = 0; r < delta_.size(); ++r) delta_[r] -= dlse_[r];
     std::fill(dq_.begin(), dq_.end(), A(0));
     std::fill(dkv_own_.begin(), dkv_own_.end(), A(0));
   }
@@ -245,13 +261,7 @@ void RingAttention<T>::outputs(A* o, A* lse, A* dq, A* dk, A* dv) const {
   if (dq) core::unpack_heads(pq_, dq_.data(), dq);
   if (dk) core::unpack_heads(pk, dkv_own_.data(), dk);
   if (dv) core::unpack_heads(pk, dkv_own_.data() + pk.kv_elems(), dv);
-  if (lse) {  // row stats [B, HKV, L, G] -> [B, H, L]
-    const Index G = pq_.G, H = pq_.H();
-    for (Index b = 0; b < pq_.B; ++b)
-      for (Index g = 0; g < pq_.HKV; ++g)
-        for (Index i = 0; i < L_; ++i)
-          for (Index t = 0; t < G; ++t) lse[(b * H + g * G + t) * L_ + i] = lse_[pq_.row_group(b, g) + i * G + t];
-  }
+  if (lse) core::unpack_rows(pq_, lse_.data(), lse);  // row stats [B, HKV, L, G] -> [B, H, L]
 }
 
 template class RingAttention<float>;

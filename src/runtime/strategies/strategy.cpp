@@ -55,6 +55,22 @@ std::unique_ptr<Strategy<S>> make_strategy(const comm::Comm& comm, const Strateg
   return std::make_unique<UlyssesAttention<S>>(comm, setup);
 }
 
+template <class S>
+std::vector<double> sink_gradient(const comm::Group& group, const Strategy<S>& strategy, Index H) {
+  std::vector<double> mine(H, 0.0);
+  strategy.add_sink_grad(mine.data());
+  const auto shares = group.all_gatherv(std::span<const double>(mine));
+  std::vector<double> total(H, 0.0);
+  for (const auto& share : shares)  // rank order
+    for (Index h = 0; h < H && h < Index(share.size()); ++h) total[h] += share[h];
+  return total;
+}
+
+template std::vector<double> sink_gradient<float>(const comm::Group&, const Strategy<float>&, Index);
+template std::vector<double> sink_gradient<double>(const comm::Group&, const Strategy<double>&, Index);
+template std::vector<double> sink_gradient<core::bf16>(const comm::Group&, const Strategy<core::bf16>&, Index);
+template std::vector<double> sink_gradient<core::f16>(const comm::Group&, const Strategy<core::f16>&, Index);
+
 template std::unique_ptr<Strategy<float>> make_strategy<float>(const comm::Comm&, const StrategySetup&);
 template std::unique_ptr<Strategy<double>> make_strategy<double>(const comm::Comm&, const StrategySetup&);
 template std::unique_ptr<Strategy<core::bf16>> make_strategy<core::bf16>(const comm::Comm&, const StrategySetup&);

@@ -50,6 +50,7 @@ UlyssesAttention<S>::UlyssesAttention(const comm::Comm& comm, const StrategySetu
   inner_setup_.shape = hs_.local(sh);
   inner_setup_.layout = &group_layout_;
   inner_setup_.tiling = core::resolve_tiling(s_.tiling, sh.D, group_layout_.max_size(), hs_.Gu);
+  inner_setup_.sinks = s_.sinks ? s_.sinks + hs_.q_head(u_, 0) : nullptr;  // this member's heads
   inner_setup_.kind = StrategyKind::ring;
   inner_setup_.ulysses_degree = 1;
   inner_setup_.hooks.stall_rank = s_.hooks.stall_rank == r_ ? g : -1;
@@ -108,6 +109,7 @@ template <class S>
 void UlyssesAttention<S>::load_dout(const S* dout) {
   const core::Shape& sh = s_.shape;
   const Index B = sh.B, D = sh.D, qr = q_row(), blk = B * L_ * qr;
+  has_dlse_ = false;
   if (!backward_ready_) {  // the backward's buffers, on first use
     backward_ready_ = true;
     dout_send_.resize(U_ * blk);
@@ -126,6 +128,27 @@ void UlyssesAttention<S>::load_dout(const S* dout) {
         std::memcpy(dout_send_.data() + m * blk + row * qr, dout + (row * sh.H + hs_.q_head(m, 0)) * D,
                     sizeof(S) * qr);
   }
+}
+
+// Member v's block: [B, Hu, L] of this rank's positions, v's heads.
+template <class S>
+void UlyssesAttention<S>::load_dlse(const A* dlse) {
+  has_dlse_ = dlse != nullptr;
+  if (!dlse) return;
+  const Index B = s_.shape.B, Hu = hs_.Hu;
+  dlse_send_.resize(U_ * B * Hu * L_);
+  dlse_recv_.resize(B * Hu * Lg_);
+  dlse_g_.resize(B * Hu * Lg_);
+  if (s_.timing_only) return;
+  for (int m = 0; m < U_; ++m)
+    for (Index b = 0; b < B; ++b)
+      for (Index h = 0; h < Hu; ++h)
+        std::copy_n(dlse + (b * s_.shape.H + hs_.q_head(m, h)) * L_, L_, dlse_send_.data() + ((m * B + b) * Hu + h) * L_);
+}
+
+template <class S>
+void UlyssesAttention<S>::add_sink_grad(double* dsinks) const {
+  inner_->add_sink_grad(dsinks + hs_.q_head(u_, 0));  // the inner ring's sinks are this member's heads
 }
 
 template <class S>
@@ -160,9 +183,10 @@ double UlyssesAttention<S>::exchange(Pass pass, const core::AlignedVector<T>& se
     a2a_.a2a_bwd_recv_elems += received;
   }
   rec.bytes += (sent + received) * Index(sizeof(T));
-  rec.wait_s = group_.alltoallv(send.data(), sb, sd, recv.data(), rb, rd,
-                                fmt::format("{} of Ulysses group {}", what, r_ / U_));
-  return rec.wait_s;
+  const double waited = group_.alltoallv(send.data(), sb, sd, recv.data(), rb, rd,
+                                         fmt::format("{} of Ulysses group {}", what, r_ / U_));
+  rec.wait_s += waited;
+  return waited;
 }
 
 // A pass's figures: the all-to-all in, the ring's steps, the all-to-all out.
@@ -293,6 +317,21 @@ PassStats UlyssesAttention<S>::backward() {
   }
   inner_->load_dout(dout_g_.data());
   in.compute_s = comm::wtime() - t0;
+  if (has_dlse_) {  // in the forward pass LSE came back from the head's member: dL/dLSE goes to it
+    exchange(Pass::backward, dlse_send_, scaled(own, B * hs_.Hu), dlse_recv_, scaled(Lw_, B * hs_.Hu),
+             "the dLSE all-to-all", in);
+    t0 = comm::wtime();
+    if (!s_.timing_only) {
+      Index from = 0;
+      for (int v = 0; v < U_; from += B * hs_.Hu * Lw_[v], ++v)
+        for (Index b = 0; b < B; ++b)
+          for (Index h = 0; h < hs_.Hu; ++h)
+            for (Index i = 0; i < Lw_[v]; ++i)
+              dlse_g_[(b * hs_.Hu + h) * Lg_ + gidx_[v][i]] = dlse_recv_[from + (b * hs_.Hu + h) * Lw_[v] + i];
+    }
+    inner_->load_dlse(dlse_g_.data());
+    in.compute_s += comm::wtime() - t0;
+  }
 
   const PassStats ring = inner_->backward();
   if (!s_.timing_only) inner_->outputs(nullptr, nullptr, dq_g_.data(), dk_g_.data(), dv_g_.data());
