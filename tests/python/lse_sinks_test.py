@@ -94,7 +94,7 @@ def run_case(name, *, S, B=1, H=4, HKV=2, D=8, dtype=torch.float64, layout="cont
         if sinks else None
     o, lse = ringattn.attention_lse(q, k, v, seq_len=S, causal=causal, window=window, doc_lens=doc_lens,
                                     layout=layout, sinks=s, strategy=strategy, ulysses_degree=ulysses_degree,
-                                    timeout=60)
+                                    timeout=60, out_dtype=torch.float64 if dtype == torch.float64 else torch.float32)
     ((o.double() * w_o[:, pos]).sum() + (lse.double() * w_lse[:, :, pos]).sum()).backward()
     errs = {"o": rel_error(o, o_ref[:, pos].detach()), "lse": rel_error(lse, lse_ref[:, :, pos].detach()),
             "dq": rel_error(q.grad, qf.grad[:, pos]), "dk": rel_error(k.grad, kf.grad[:, pos]),
