@@ -99,8 +99,9 @@ def train(name, *, S=24, B=2, M=12, H=4, HKV=2, D=8, steps=4, docs_per_step=None
                                                           sinks=ref_sinks), M, H, HKV, D).to(torch.float64)
     ref_sinks = None if sinks0 is None else torch.nn.Parameter(sinks0.clone().double())
     with torch.no_grad():
-        for p in dist.parameters():  # one seed on every rank
-            p.copy_(torch.randn(p.shape, generator=g, dtype=torch.float64) / math.sqrt(p.shape[-1]))
+        for n, p in dist.named_parameters():  # one seed on every rank; the sinks start as given
+            if n != "attend.sinks":
+                p.copy_(torch.randn(p.shape, generator=g, dtype=torch.float64) / math.sqrt(p.shape[-1]))
         dist = dist.to(dtype)  # the reference starts from the same (rounded) weights and inputs
         ref.load_state_dict({n: t.double() for n, t in dist.state_dict().items() if n != "attend.sinks"})
         x, target = x.to(dtype).double(), target.to(dtype).double()
