@@ -5,6 +5,7 @@
 
 #include "commands.hpp"
 #include "options.hpp"
+#include "ringattn/comm/simulation.hpp"
 #include "ringattn/runtime/decode_job.hpp"
 #include "text_format.hpp"
 
@@ -17,6 +18,11 @@ void print_decode(const runtime::DecodeResult& r, const runtime::DecodeConfig& c
   fmt::print("ringattn decode: B={} S0={} + {} steps x T={} H={} HKV={} D={} {}, mask {}, layout {} over N={} ranks, "
              "SIMD {}\n", s.B, c.cache_len, c.steps, c.new_tokens, s.H, s.HKV, s.D, r.dtype, r.mask, r.layout, r.ranks,
              r.simd);
+  if (comm::simulated())
+    fmt::print("  simulated by SimGrid/SMPI: times are simulated seconds on the platform\n");
+  if (c.timing_only)
+    fmt::print("  timing-only (simulated): each step charged its K/V bytes at {:.0f} GB/s per rank, or its flops at the "
+               "host's speed if longer; nothing computed\n", c.memory_bandwidth / 1e9);
   fmt::print("  prefill ({}) {:.3f} ms; decode step {:.3f} ms (slowest rank, median of {})\n", c.prefill,
              r.prefill_s * 1e3, r.decode_step_s * 1e3, c.steps);
   fmt::print("  {:>4} {:>15} {:>14} {:>12} {:>12} {:>12} {:>11} {:>11} {:>8}\n", "rank", "cache positions",
@@ -24,16 +30,17 @@ void print_decode(const runtime::DecodeResult& r, const runtime::DecodeConfig& c
   for (int q = 0; q < r.ranks; ++q) {
     const double bw = r.step_s[q] > 0 ? double(r.kv_bytes_per_step[q]) / r.step_s[q] : 0;
     const double st = r.rank_stream_bytes_per_s[q];
-    fmt::print("  {:>4} {:>15} {:>14} {:>9.3f} ms {:>9.3f} ms {:>9.3f} ms {:>11.2f} {:>11.2f} {:>7.1f}%\n", q,
+    fmt::print("  {:>4} {:>15} {:>14} {:>9.3f} ms {:>9.3f} ms {:>9.3f} ms {:>11.2f} {:>11} {:>8}\n", q,
                r.cache_positions[q], human_bytes(double(r.kv_bytes_per_step[q]), "{:.4g} {}"), r.step_s[q] * 1e3,
-               r.attend_s[q] * 1e3, r.merge_s[q] * 1e3, bw / 1e9, st / 1e9, st > 0 ? 100.0 * bw / st : 0.0);
+               r.attend_s[q] * 1e3, r.merge_s[q] * 1e3, bw / 1e9, st > 0 ? fmt::format("{:.2f}", st / 1e9) : "-",
+               st > 0 ? fmt::format("{:.1f}%", 100.0 * bw / st) : "-");
   }
   if (r.stream_buffer_bytes > 0)
     fmt::print("  reached: a step's K/V bytes over the step's time, against the rank's streaming read bandwidth "
                "(median of read passes over {} per rank, one before each step, all ranks at once)\n",
                human_bytes(double(r.stream_buffer_bytes), "{:.4g} {}"));
   fmt::print("  merge ({}) of {} values per rank, all ranks starting together: {:.1f} us; MPI_Allreduce (sum) of as "
-             "many: {:.1f} us ({:.2f}x; medians of 21, slowest rank)\n", c.merge == "gather" ? "all-gather, merged in "
+             "many: {:.1f} us ({:.2f}x; medians, slowest rank)\n", c.merge == "gather" ? "all-gather, merged in "
              "rank order" : "all-reduce, user operation", r.state_values, r.merge_alone_s * 1e6, r.allreduce_s * 1e6,
              r.allreduce_s > 0 ? r.merge_alone_s / r.allreduce_s : 0.0);
   fmt::print("  decode O identical on every rank: {}\n", r.identical_on_every_rank ? "yes" : "NO");
@@ -73,6 +80,13 @@ Command add_decode_command(CLI::App& parent) {
                                     "allreduce: one MPI_Allreduce with a user operation");
   add_integer(d, "--stream-mib", c.stream_mib, "MiB read (over all ranks, >= 256 each) to measure the streaming read "
                                                "bandwidth; 0: not measured (default 2048)");
+#ifdef RINGATTN_SMPI
+  d->add_flag("--timing-only", c.timing_only, "simulation: charge each step's K/V bytes at --memory-bandwidth (or its "
+                                              "flops, if longer) instead of computing (no outputs, no check)");
+  d->add_option_function<double>(
+      "--memory-bandwidth", [&c](double gbps) { c.memory_bandwidth = gbps * 1e9; },
+      "simulation, --timing-only: GB/s at which a rank reads its K/V cache (default 200)");
+#endif
   d->add_flag("--check", c.check, "compare with dense float64 causal attention over all positions; exit 1 over "
                                   "tolerance");
   d->add_option("--out", c.out, "directory for q.npy k.npy v.npy o_prefill.npy o_decode.npy, put in place as one set");

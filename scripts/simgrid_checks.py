@@ -6,6 +6,10 @@ failed one (exit 1).
     simgrid_checks.py timing REAL.json TIMING.json
                                                   a timing-only job has the computed job's work and
                                                   ledger, no values, and compute within 10x
+    simgrid_checks.py decode REPORT.json N POSITIONS
+                                                  a decode job on N ranks: every position in one
+                                                  rank's cache, steps timed, --check passed (unless
+                                                  timing-only), the merge and its yardstick timed
 """
 import json
 import sys
@@ -35,5 +39,18 @@ def timing(real_path, timing_path):
     assert cb > 0 and 0.1 < ca / cb < 10, (ca, cb)
 
 
+def decode(path, n, positions):
+    r = json.load(open(path))
+    assert len(r["ranks"]) == int(n), len(r["ranks"])
+    held = sum(x["decode"]["cache_positions"] for x in r["ranks"])
+    assert held == int(positions), (held, positions)
+    assert r["time"]["decode_step_s"] > 0 and r["identical_on_every_rank"]
+    assert r["merge"]["merge_s"] > 0 and r["merge"]["allreduce_s"] > 0, r["merge"]
+    if r["config"].get("timing_only"):
+        assert "check" not in r, "a timing-only job has no values"
+    else:
+        assert r["check"]["passed"], r["check"]
+
+
 if __name__ == "__main__":
-    {"checked": checked, "timing": timing}[sys.argv[1]](*sys.argv[2:])
+    {"checked": checked, "timing": timing, "decode": decode}[sys.argv[1]](*sys.argv[2:])

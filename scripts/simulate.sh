@@ -5,6 +5,9 @@
 #   scripts/simulate.sh --platform FILE --ranks N [ringattn run options]
 #       one job: `ringattn run` on N simulated ranks; --report, --trace, --check work as usual;
 #       --timing-only charges the kernels' counted flops instead of computing (no outputs, no check)
+#   scripts/simulate.sh --platform FILE --ranks N decode [ringattn decode options]
+#       `ringattn decode` instead (the KV cache sharded over N simulated ranks); --timing-only
+#       charges each step's K/V bytes at --memory-bandwidth GB/s per rank (default 200)
 #   scripts/simulate.sh --sweep --platform FILE [--ranks "8 16 32 64 128 256 512 1024"]
 #       [--seqs "32768 131072 524288"] [--strategies "ring ulysses usp:8 allgather"] [--heads 32]
 #       [--kv-heads 8] [--head-dim 128] [--dtype bf16] [--causal | --no-causal]
@@ -58,6 +61,7 @@ die() { echo "simulate.sh: error: $*" >&2; exit 2; }
 usage() { sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; }
 
 MODE=run
+SUBCOMMAND=run  # the ringattn subcommand a one-job run simulates: run or decode
 PLATFORM=""
 RANKS=""
 HOST_SPEED="${RINGATTN_HOST_SPEED:-}"
@@ -82,6 +86,7 @@ while [ $# -gt 0 ]; do
       --platform) PLATFORM="$2"; shift 2 ;;
       --ranks) RANKS="$2"; shift 2 ;;
       --host-speed) HOST_SPEED="$2"; shift 2 ;;
+      decode) if [ ${#RUN_ARGS[@]} -eq 0 ]; then SUBCOMMAND=decode; else RUN_ARGS+=("$1"); fi; shift ;;
       *) RUN_ARGS+=("$1"); shift ;;
     esac
     continue
@@ -143,7 +148,7 @@ platform_info() {  # platform_info FILE hosts|flops|bandwidth
   /usr/bin/python3 "$TOOLS" platform "$1" "$2"
 }
 
-# simulate PLATFORM N [ringattn run options]: one simulated job; its exit code.
+# simulate PLATFORM N [ringattn run options]: one simulated job of $SUBCOMMAND; its exit code.
 simulate() {
   local platform="$1" n="$2"
   shift 2
@@ -171,7 +176,7 @@ simulate() {
   # timing-only: nothing real is charged, only the counted flops (smpi_execute_flops)
   [ "$timing" = 1 ] && cfg+=(--cfg=smpi/simulate-computation:no)
   local rc=0
-  nice smpirun -np "$n" -platform "$platform" -hostfile "$hostfile" "${cfg[@]}" "$SMPI_BIN" run "$@" || rc=$?
+  nice smpirun -np "$n" -platform "$platform" -hostfile "$hostfile" "${cfg[@]}" "$SMPI_BIN" "$SUBCOMMAND" "$@" || rc=$?
   rm -f "$hostfile"
   return $rc
 }

@@ -6,7 +6,8 @@
 #   - the same under the ulysses, usp and allgather strategies (and bf16);
 #   - a timing-only job of each strategy, whose counted work and bytes must equal the same job
 #     computed for real;
-#   - the options a timing-only job refuses (exit 2).
+#   - the options a timing-only job refuses (exit 2);
+#   - decode: the sharded KV cache at N = 8 with --check, a timing-only 1M-token cache at N = 64.
 # Needs SimGrid (scripts/setup.sh --simgrid). Prints its wall time.
 set -euo pipefail
 source "$(dirname "$0")/common.sh"
@@ -72,6 +73,34 @@ for point in "ring 16" "usp 16 --ulysses-degree 4" "ulysses 8" "allgather 16 --k
     fail "$strategy: timing-only against real"
   grep -q "timing-only" "$tmp/timing.out" || fail "$strategy timing-only: the summary does not say so"
   echo "test_simgrid: $strategy timing-only N=$n matches the computed job's work and ledger ($((SECONDS - t0)) s)"
+done
+
+# decode: the sharded KV cache on N = 8 simulated ranks against float64 (prefill and decode rows,
+# T = 4, GQA, a window), then a timing-only 1M-token cache on 64 ranks.
+t0=$SECONDS
+rc=0
+bash "$SIM" --platform "$IB" --ranks 8 decode --cache-len 203 --new-tokens 4 --steps 3 --heads 4 --kv-heads 2 \
+  --head-dim 16 --dtype f64 --window 50 --check --report "$tmp/decode.json" >"$tmp/decode.out" 2>&1 || rc=$?
+[ $rc -eq 0 ] || { fail "decode N=8: exit $rc"; tail -5 "$tmp/decode.out" >&2; }
+/usr/bin/python3 "$ROOT/scripts/simgrid_checks.py" decode "$tmp/decode.json" 8 215 || fail "decode N=8: report"
+grep -q "simulated by SimGrid/SMPI" "$tmp/decode.out" || fail "decode: the summary does not say it was simulated"
+echo "test_simgrid: decode N=8 passed --check ($((SECONDS - t0)) s)"
+t0=$SECONDS
+rc=0
+bash "$SIM" --platform "$IB" --ranks 64 decode --prefill load --cache-len 1048576 --new-tokens 1 --steps 4 \
+  --heads 32 --kv-heads 8 --head-dim 128 --dtype bf16 --timing-only --report "$tmp/decode-t.json" \
+  >"$tmp/decode-t.out" 2>&1 || rc=$?
+[ $rc -eq 0 ] || { fail "decode timing-only N=64: exit $rc"; tail -5 "$tmp/decode-t.out" >&2; }
+/usr/bin/python3 "$ROOT/scripts/simgrid_checks.py" decode "$tmp/decode-t.json" 64 1048580 ||
+  fail "decode timing-only N=64: report"
+grep -q "timing-only" "$tmp/decode-t.out" || fail "decode timing-only: the summary does not say so"
+echo "test_simgrid: decode timing-only N=64, a 1M-token cache ($((SECONDS - t0)) s)"
+for bad in --check "--out $tmp/o"; do
+  rc=0
+  # shellcheck disable=SC2086  # $bad is an option and its value
+  bash "$SIM" --platform "$IB" --ranks 4 decode --cache-len 64 --timing-only $bad >"$tmp/bad.out" 2>&1 || rc=$?
+  [ $rc -eq 2 ] || fail "decode --timing-only $bad: exit $rc (expected 2)"
+  [ ! -e "$tmp/o" ] || fail "decode --timing-only $bad: left $tmp/o"
 done
 
 for bad in --check "--out $tmp/o" --layer "--rope 10000"; do

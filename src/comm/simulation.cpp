@@ -11,6 +11,7 @@
 #include "ringattn/core/layout.hpp"
 
 #ifdef RINGATTN_SMPI
+#include <simgrid/host.h>
 #include <smpi/smpi.h>
 #endif
 
@@ -29,6 +30,8 @@ int ranks_in_process() {
 void charge_flops(double flops) {
   if (flops > 0) smpi_execute_flops(flops);
 }
+
+double host_speed() { return sg_host_get_speed(sg_host_self()); }
 
 namespace {
 // This rank's folded buffers (the executable, and so this set, is loaded once per simulated rank):
@@ -74,6 +77,7 @@ int ranks_in_process() { return 1; }
 void charge_flops(double) {
   throw RuntimeFailure("timing-only compute needs the SimGrid/SMPI build (scripts/simulate.sh)");
 }
+double host_speed() { return 0; }
 void fold_large_buffers() {}
 void share_layouts() {}
 

@@ -19,6 +19,10 @@ bool simulated();
 // lives here), 1 otherwise. Memory admission divides the node's memory by it.
 int ranks_in_process();
 
+// The flop rate of this rank's simulated host (its platform `speed`); 0 outside the simulation.
+// A memory-bound step charges its seconds as seconds x host_speed() flops.
+double host_speed();
+
 // Charge `flops` of compute to this rank's simulated host, without computing (SMPI's
 // smpi_execute_flops). Throws RuntimeFailure outside the simulation build.
 void charge_flops(double flops);

@@ -2,6 +2,7 @@
 // `ringattn decode`: prefill a generated prompt of S0 positions into a KV cache sharded over the
 // ranks, then K decode steps of T tokens each; optionally checked against dense float64 causal
 // attention over all S0 + K T positions (decode rows are its last rows).
+#include <array>
 #include <optional>
 #include <string>
 #include <vector>
@@ -18,6 +19,8 @@ struct DecodeConfig {
   std::string dtype = "f32", layout = "auto";
   std::string prefill = "attend";  // attend (the ring forward) or load (the prompt's K/V kept unattended)
   std::string merge = "gather";    // gather or allreduce (KVCacheOptions::merge)
+  bool timing_only = false;        // simulation: each step's bytes (or flops) charged, nothing computed
+  double memory_bandwidth = 200e9; // bytes/s per rank a timing-only step reads its K/V at
   Index stream_mib = 2048;         // the stream measurement's buffer, over all ranks (>= 256 MiB each); 0: none
   std::optional<Index> window;
   std::optional<double> scale;
@@ -45,6 +48,9 @@ struct DecodeResult {
   double tolerance = 0, err_o_prefill = 0, err_lse_prefill = 0, err_o_decode = 0, err_lse_decode = 0;
   int exit_code = 0;
   io::Json report;
+  // Collective: appends every rank's (cache positions, K/V bytes per step, step, merge, attention,
+  // stream) to the per-rank vectors above.
+  void per_rank(const comm::Comm& comm, const std::array<double, 6>& mine);
 };
 
 // Collective. Throws InputError (the same on every rank) for bad options.

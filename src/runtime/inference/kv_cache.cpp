@@ -49,6 +49,10 @@ template <class A>
 void merge_partial_states(const comm::Comm& comm, const std::string& merge, Index rows, Index D,
                           const std::vector<A>& state, std::vector<A>& merged) {
   const int N = comm.size();
+  if (N == 1) {  // the state is the merged state (each term's weight would be 2^0 = 1 exactly)
+    merged = state;
+    return;
+  }
   merged.assign(rows * (D + 2), A(0));
   core::OnlineState<A> ms{merged.data(), merged.data() + rows, merged.data() + 2 * rows};
   if (merge == "allreduce") {
@@ -273,10 +277,13 @@ DecodeStats KVCacheShard<S>::decode(Index T, const S* q, const S* k, const S* v,
   const A scale = static_cast<A>(scale_);
   // The decode kernel reads each K and V row once for all T G rows of its head group.
   core::DecodeWorkspace<A> dws(T * s_.G(), D);
-  if (L0_ > 0) core::decode_forward(qs, prompt_block(), mask_, scale, os, dws);
-  if (dec_pos_used_ > 0) core::decode_forward(qs, decoded_block(), mask_, scale, os, dws);
+  core::Work work;
+  if (L0_ > 0) work += core::decode_forward(qs, prompt_block(), mask_, scale, os, dws);
+  if (dec_pos_used_ > 0) work += core::decode_forward(qs, decoded_block(), mask_, scale, os, dws);
   st.attend_s = comm::wtime() - t_attend;
-  st.kv_bytes = (L0_ + Index(dec_pos_used_)) * 2 * s_.B * s_.HKV * s_.D * Index(sizeof(S));
+  // the K and V rows the kernel read: its flops are 4 T G D per key and head group (a window skips
+  // the chunks no query sees)
+  st.kv_bytes = Index(std::llround(work.flops / (4.0 * double(T * s_.G())))) * 2 * Index(sizeof(S));
 
   // The merge: one collective of the N partial states, B T H (D + 2) values each.
   const double t_merge = comm::wtime();

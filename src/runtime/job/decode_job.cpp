@@ -16,6 +16,7 @@
 #include "ringattn/core/simd.hpp"
 #include "ringattn/core/storage.hpp"
 #include "ringattn/io/npy.hpp"
+#include "ringattn/comm/simulation.hpp"
 #include "ringattn/comm/state_merge.hpp"
 #include "ringattn/runtime/agreement.hpp"
 #include "ringattn/runtime/input_plan.hpp"
@@ -101,6 +102,26 @@ void decode_rows_reference(const core::Shape& s, Index first, const core::Mask& 
       }
 }
 
+}  // namespace
+
+// Every rank's figures, in rank order: one MPI_Allgather of six doubles (positions and bytes are
+// below 2^53, exact as doubles).
+void DecodeResult::per_rank(const comm::Comm& comm, const std::array<double, 6>& mine) {
+  std::vector<double> all(6 * std::size_t(comm.size()));
+  comm::all_gather_fixed(comm, std::span<const double>(mine), std::span<double>(all));
+  for (int q = 0; q < comm.size(); ++q) {
+    const double* x = all.data() + 6 * q;
+    cache_positions.push_back(Index(x[0]));
+    kv_bytes_per_step.push_back(Index(x[1]));
+    step_s.push_back(x[2]);
+    merge_s.push_back(x[3]);
+    attend_s.push_back(x[4]);
+    rank_stream_bytes_per_s.push_back(x[5]);
+  }
+}
+
+namespace {
+
 template <class S>
 DecodeResult run_typed(const comm::Comm& comm, const DecodeConfig& c, const core::Shape& s0, StagedOutputs& staged) {
   using A = core::accum_t<S>;
@@ -160,9 +181,10 @@ DecodeResult run_typed(const comm::Comm& comm, const DecodeConfig& c, const core
   res.prefill_s = prefill;
   // The stream measurement's buffer: --stream-mib over the ranks, at least 256 MiB each, written
   // once now; one read pass before each step (every rank at once, as in a step), so that the steps
-  // and the passes share whatever else the machine runs meanwhile.
+  // and the passes share whatever else the machine runs meanwhile. Not under simulation: its
+  // ranks share one process and this host's memory says nothing of the platform's.
   const std::size_t per_rank =
-      c.stream_mib > 0 ? std::max(std::size_t(c.stream_mib) * (std::size_t(1) << 20) / std::size_t(N),
+      c.stream_mib > 0 && !comm::simulated() ? std::max(std::size_t(c.stream_mib) * (std::size_t(1) << 20) / std::size_t(N),
                                   std::size_t(256) << 20)
                        : 0;
   core::AlignedVector<float> stream_buf(per_rank / sizeof(float), 1.0f);
@@ -236,19 +258,9 @@ DecodeResult run_typed(const comm::Comm& comm, const DecodeConfig& c, const core
   stream_buf = {};
 
   // Per rank: its cache, the bytes one step read, its median step, merge and attention, its stream.
-  const double mine[5] = {double(cache->local_positions()), step.empty() ? 0 : core::median(step),
-                          merge.empty() ? 0 : core::median(merge), attend_t.empty() ? 0 : core::median(attend_t),
-                          stream};
-  const auto per = comm.all_gatherv(std::span<const double>(mine, 5));
-  const auto bytes = comm.all_gather(kv_bytes);
-  for (int q = 0; q < N; ++q) {
-    res.cache_positions.push_back(Index(per[q][0]));
-    res.step_s.push_back(per[q][1]);
-    res.merge_s.push_back(per[q][2]);
-    res.attend_s.push_back(per[q][3]);
-    res.rank_stream_bytes_per_s.push_back(per[q][4]);
-    res.kv_bytes_per_step.push_back(bytes[q]);
-  }
+  res.per_rank(comm, {double(cache->local_positions()), double(kv_bytes), step.empty() ? 0 : core::median(step),
+                       merge.empty() ? 0 : core::median(merge), attend_t.empty() ? 0 : core::median(attend_t),
+                       stream});
   res.stream_bytes_per_s = res.rank_stream_bytes_per_s[0];
 
   // The prompt's O and LSE (attended only), gathered to rank 0 in global order.
@@ -315,6 +327,77 @@ DecodeResult run_typed(const comm::Comm& comm, const DecodeConfig& c, const core
   return res;
 }
 
+// Timing-only (the simulation build): no cache and no values. Each step charges this rank's
+// simulated host what its decode kernel would take, the larger of its K/V bytes at
+// --memory-bandwidth and its flops at the host's speed, and runs the merge for real over the
+// simulated network. The keys a rank reads are its positions up to the last new token, those
+// inside the window only.
+template <class S>
+DecodeResult run_timing_only(const comm::Comm& comm, const DecodeConfig& c, const core::Shape& s0) {
+  using A = core::accum_t<S>;
+  const int N = comm.size(), r = comm.rank();
+  const Index B = s0.B, H = s0.H, HKV = s0.HKV, D = s0.D, S0 = c.cache_len, T = c.new_tokens, K = c.steps;
+  const Index W = c.window.value_or(0);
+  const core::Layout layout = make_layout(c.layout, S0, N, {}, true, W, cli_names());
+  const auto prompt = layout.positions(r);
+  DecodeResult res;
+  res.shape = core::Shape{B, S0 + K * T, H, HKV, D};
+  res.ranks = N;
+  const Index rows = B * T * H;
+  res.state_values = rows * (D + 2);
+  std::vector<A> state(res.state_values, A(1)), merged;
+  std::fill_n(state.begin(), rows, A(r));
+  std::vector<double> step, attend_t, merge, slowest;
+  Index held_decoded = 0, kv_bytes = 0;
+  for (Index j = 0; j < K; ++j) {
+    const Index first = S0 + j * T, last = first + T - 1;
+    for (Index p = first; p <= last; ++p) held_decoded += (p - S0) % N == r;
+    Index keys = 0;
+    if (W == 0) {
+      keys = Index(prompt.size()) + held_decoded;
+    } else {
+      for (Index p : prompt) keys += p > first - W;  // the oldest new token's window, and after
+      for (Index p = std::max(S0, first - W + 1); p <= last; ++p) keys += (p - S0) % N == r;
+    }
+    kv_bytes = keys * 2 * B * HKV * D * Index(sizeof(S));
+    const double flops = 4.0 * double(B * H * T) * double(keys) * double(D);
+    comm.barrier();
+    const double t0 = comm::wtime();
+    comm::charge_flops(std::max(flops, double(kv_bytes) / c.memory_bandwidth * comm::host_speed()));
+    const double t1 = comm::wtime();
+    merge_partial_states(comm, c.merge, rows, D, state, merged);
+    const double t2 = comm::wtime();
+    step.push_back(t2 - t0);
+    attend_t.push_back(t1 - t0);
+    merge.push_back(t2 - t1);
+    double sl = t2 - t0;
+    comm.allreduce_max(std::span<double>(&sl, 1));
+    slowest.push_back(sl);
+  }
+  res.decode_step_s = core::median(slowest);
+  {
+    std::vector<A> buf(res.state_values, A(1));
+    std::vector<double> t_sum, t_merge;
+    for (int rep = 0; rep < 5; ++rep) {
+      comm.barrier();
+      double t0 = comm::wtime();
+      comm::allreduce_sum(comm, std::span<A>(buf));
+      t_sum.push_back(comm::wtime() - t0);
+      comm.barrier();
+      t0 = comm::wtime();
+      merge_partial_states(comm, c.merge, rows, D, state, merged);
+      t_merge.push_back(comm::wtime() - t0);
+    }
+    double med[2] = {core::median(t_sum), core::median(t_merge)};
+    comm.allreduce_max(std::span<double>(med, 2));
+    res.allreduce_s = med[0];
+    res.merge_alone_s = med[1];
+  }
+  res.per_rank(comm, {double(Index(prompt.size()) + held_decoded), double(kv_bytes), core::median(step),
+                       core::median(merge), core::median(attend_t), 0.0});
+  return res;
+}
+
 io::Json report_json(const DecodeConfig& c, const DecodeResult& r) {
   io::Json j = io::Json::object();
   io::Json cfg = io::Json::object();
@@ -334,6 +417,10 @@ io::Json report_json(const DecodeConfig& c, const DecodeResult& r) {
   cfg["prefill"] = c.prefill;
   cfg["merge"] = c.merge;
   cfg["simd"] = r.simd;
+  if (c.timing_only) {  // simulated: each step charged its bytes at this rate (or its flops), no values
+    cfg["timing_only"] = true;
+    cfg["memory_bandwidth"] = c.memory_bandwidth;
+  }
   j["config"] = cfg;
   io::Json t = io::Json::object();
   t["prefill_s"] = r.prefill_s;
@@ -396,6 +483,15 @@ DecodeResult run_decode(comm::Comm& comm, const DecodeConfig& c) {
     if (c.merge != "gather" && c.merge != "allreduce")
       throw InputError(fmt::format("--merge: '{}' is not a merge (expected gather or allreduce)", c.merge));
     if (c.stream_mib < 0) throw InputError(fmt::format("--stream-mib: {} is negative", c.stream_mib));
+    if (c.timing_only) {
+      if (!comm::simulated())
+        throw InputError("--timing-only: only the SimGrid/SMPI simulation build charges counted work (scripts/simulate.sh)");
+      for (const auto& [option, given] : {std::pair{"--check", c.check}, std::pair{"--out", !c.out.empty()}})
+        if (given)
+          throw InputError(fmt::format("{}: not with --timing-only (a timing-only run computes no values)", option));
+    }
+    if (!(c.memory_bandwidth > 0))
+      throw InputError(fmt::format("--memory-bandwidth: {} is not a rate (expected GB/s > 0)", c.memory_bandwidth / 1e9));
   });
   if (c.timeout_s && !(std::isfinite(*c.timeout_s) && *c.timeout_s >= 0))
     throw InputError(fmt::format("--timeout: {} is not a time (expected SEC >= 0; 0 disables the watchdog)",
@@ -404,7 +500,9 @@ DecodeResult run_decode(comm::Comm& comm, const DecodeConfig& c) {
   const double check_flops = c.check ? 4.0 * double(s.B) * double(s.S) * double(s.S) * double(s.H * s.D) : 0.0;
   comm.set_timeout(c.timeout_s.value_or(default_timeout(s, s.S, false, check_flops)));
   StagedOutputs staged(comm, OutputPaths{c.out, c.report, "", {}});  // every path checked before any compute
-  DecodeResult res = core::with_storage(dtype, [&]<class S>() { return run_typed<S>(comm, c, s, staged); });
+  DecodeResult res = core::with_storage(dtype, [&]<class S>() {
+    return c.timing_only ? run_timing_only<S>(comm, c, s) : run_typed<S>(comm, c, s, staged);
+  });
   res.simd = core::simd::current();
   res.dtype = core::dtype_name(dtype);
   res.layout = core::layout_name(make_layout(c.layout, c.cache_len, comm.size(), {}, true, c.window.value_or(0),
