@@ -11,7 +11,8 @@ ranks' parts) and steps. Every rank also trains the same model on the whole sequ
 PyTorch attention (float64, mask materialised, no code shared with ringattn). Per-step losses and
 the final weights must agree within 1e-10 (relative), and the loss must fall. Cases: causal zigzag
 with RoPE and GQA; a window with documents that change every step (given to forward); ulysses where
-N divides the heads; learnable sinks when ringattn.attention takes them; a bfloat16 model (O in
+N divides the heads; learnable sinks, alone and with softcap and documents as cu_seqlens given to
+forward each step (when ringattn.attention takes them); a bfloat16 model (O in
 bfloat16, multiplied by bfloat16 weights; losses within 5e-3 of the float64 reference on the same
 weights); a copy.deepcopy of the module (it shares the communicator). Then the module's own checks: an unknown keyword raises at construction. Exit 0 only when
 every case passes on every rank.
@@ -43,8 +44,8 @@ def rope_ref(x, theta):
     return torch.cat([a * cos - b * sin, b * cos + a * sin], dim=-1)
 
 
-def reference_attention(q, k, v, *, seq_len, causal=False, window=None, doc_lens=None, scale=None, rope=None,
-                        sinks=None, **_):
+def reference_attention(q, k, v, *, seq_len, causal=False, window=None, doc_lens=None, cu_seqlens=None,
+                        scale=None, softcap=None, rope=None, sinks=None, **_):
     """Whole-sequence attention in plain PyTorch: q [B, S, H, D], k, v [B, S, HKV, D]."""
     B, S, H, D = q.shape
     G = H // k.shape[2]
@@ -52,6 +53,10 @@ def reference_attention(q, k, v, *, seq_len, causal=False, window=None, doc_lens
         q, k = rope_ref(q, rope), rope_ref(k, rope)
     k, v = k.repeat_interleave(G, dim=2), v.repeat_interleave(G, dim=2)
     s = torch.einsum("bihd,bjhd->bhij", q, k) * (1 / math.sqrt(D) if scale is None else scale)
+    if softcap is not None:
+        s = softcap * torch.tanh(s / softcap)
+    if cu_seqlens is not None:  # flash-attn's offsets: the documents are their differences
+        doc_lens = torch.diff(torch.as_tensor(cu_seqlens)).tolist()
     i, j = torch.arange(S)[:, None], torch.arange(S)[None, :]
     seen = torch.ones(S, S, dtype=torch.bool)
     if causal or window:
@@ -85,7 +90,7 @@ class Model(torch.nn.Module):
 
 
 def train(name, *, S=24, B=2, M=12, H=4, HKV=2, D=8, steps=4, docs_per_step=None, dtype=torch.float64,
-          tol=TOL, deepcopy=False, **options):
+          tol=TOL, deepcopy=False, cu_seqlens_per_step=None, **options):
     g = torch.Generator().manual_seed(len(name))
     x = torch.randn(B, S, M, generator=g, dtype=torch.float64)
     target = torch.randn(B, S, M, generator=g, dtype=torch.float64)
@@ -119,6 +124,8 @@ def train(name, *, S=24, B=2, M=12, H=4, HKV=2, D=8, steps=4, docs_per_step=None
         kw = {}
         if docs_per_step:  # documents of this batch, given to forward
             kw["doc_lens"] = docs_per_step[step % len(docs_per_step)]
+        if cu_seqlens_per_step:
+            kw["cu_seqlens"] = torch.tensor(cu_seqlens_per_step[step % len(cu_seqlens_per_step)], dtype=torch.int32)
         opt_d.zero_grad()
         y = dist(xs, **kw)
         if dtype != torch.float64:
@@ -146,6 +153,19 @@ def train(name, *, S=24, B=2, M=12, H=4, HKV=2, D=8, steps=4, docs_per_step=None
     return ok
 
 
+def softcap_supported():
+    if "softcap" not in ringattn.nn._KEYWORDS:
+        return False
+    L = len(ringattn.positions(N, N, RANK, "contiguous"))
+    try:
+        ringattn.attention(*(torch.zeros(1, L, 1, 2),) * 3, seq_len=N, layout="contiguous", softcap=1.0)
+        return True
+    except ringattn.InputError as e:
+        if "not supported" in str(e):
+            return False
+        raise
+
+
 def raises(name, fn, needle):
     try:
         fn()
@@ -171,6 +191,15 @@ def main():
         results.append(train("ulysses causal", causal=True, strategy="ulysses", HKV=4))
     if "sinks" in ringattn.nn._KEYWORDS:
         results.append(train("learnable sinks, causal", causal=True, sinks=torch.tensor([0.5, -1.0, 0.0, 2.0])))
+        results.append(train("sinks, cu_seqlens per step (forward's)", S=22, layout="zigzag", causal=True,
+                             sinks=torch.tensor([1.0, 0.0, -0.5, 0.25]),
+                             cu_seqlens_per_step=[[0, 9, 22], [0, 22], [0, 4, 5, 22]]))
+    if softcap_supported():
+        results.append(train("softcap 2, sinks, cu_seqlens per step (forward's)", S=22, softcap=2.0,
+                             layout="zigzag", causal=True, sinks=torch.tensor([1.0, 0.0, -0.5, 0.25]),
+                             cu_seqlens_per_step=[[0, 9, 22], [0, 22], [0, 4, 5, 22]]))
+    elif RANK == 0:
+        print("--  softcap: ringattn.attention refuses softcap in this build", flush=True)
     elif RANK == 0:
         print("--  learnable sinks: ringattn.attention takes no sinks in this build", flush=True)
     results.append(train("a deep copy of the module, causal", causal=True, comm=COMM, deepcopy=True))
