@@ -30,7 +30,12 @@ constexpr Index kTileQ = 96, kTileK = 256;
 #elif HWY_TARGET == HWY_EMU128 || HWY_TARGET == HWY_SCALAR
 constexpr int kScoreRows = 4, kScoreVecs = 2, kAccRows = 4, kAccVecs = 2;
 constexpr Index kTileQ = 64, kTileK = 128;
-#else  // 32 registers: AVX3, AVX3_DL, NEON, SVE
+#elif HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL  // 32 registers of 16 floats
+// 6 x 4 score blocks: 64 columns divide the 256 keys of a tile, and each depth step loads 4 vectors
+// and broadcasts 6 for 24 FMAs (8 x 3 left a third of a block at the end of every row)
+constexpr int kScoreRows = 6, kScoreVecs = 4, kAccRows = 6, kAccVecs = 4;
+constexpr Index kTileQ = 128, kTileK = 256;
+#else  // 32 registers: NEON, SVE
 constexpr int kScoreRows = 8, kScoreVecs = 3, kAccRows = 6, kAccVecs = 4;
 constexpr Index kTileQ = 128, kTileK = 256;
 #endif
