@@ -66,6 +66,21 @@ def test_load_and_merge_checked():
         check(p.returncode == 2 and bad[0] in p.stderr, f"{bad}: exit {p.returncode}, {p.stderr.strip()[:200]}")
 
 
+def test_repeated_runs_bitwise_equal():
+    """Two runs of the same job write bitwise the same o_decode.npy (the merge's order is fixed), for
+    either merge; the job itself checks that every rank's O is bitwise the same (a digest)."""
+    for merge in ("gather", "allreduce"):
+        outs = []
+        for _ in range(2):
+            with tempfile.TemporaryDirectory() as d:
+                p = decode(3, "--out", d, "--merge", merge, "--dtype", "bf16", "--window", "9", "--stream-mib", "0")
+                check(p.returncode == 0 and "identical on every rank: yes" in p.stdout,
+                      f"--merge {merge}: exit {p.returncode}, {p.stdout[-300:]}")
+                f = os.path.join(d, "o_decode.npy")
+                outs.append(open(f, "rb").read() if os.path.exists(f) else b"")
+        check(outs[0] and outs[0] == outs[1], f"--merge {merge}: two runs' o_decode.npy are bitwise equal")
+
+
 def test_report_fields():
     """The report has per rank the bytes one step read, the bandwidth reached and the stream
     bandwidth measured in the same run; the merge time and an MPI_Allreduce of as many values."""
