@@ -59,12 +59,13 @@ namespace hn = hwy::HWY_NAMESPACE;
 
 template <class S, class A>
 Work forward_impl(const QueryShard<S>& q, const KVBlock<S>& kv, const Mask& mask, A scale, OnlineState<A> st,
-                  Workspace<A>& ws, Progress progress) {
+                  Workspace<A>& ws, Progress progress, A softcap) {
   const Index G = q.pk.G, D = q.pk.D, rows = q.pk.L * G, Lk = kv.pk.L;
   Work work;
   if (!block_visible(mask, q.pos, kv.pos)) return work;
   const Tiling& t = ws.tiling;
   const A alpha = static_cast<A>(double(scale) * kLog2e);
+  const A cap = static_cast<A>(double(softcap) * kLog2e);  // the cap in log2 units; 0: none
   const Index ldk = ws.ld, lds = ws.ld, ldv = ws.ldd;
   for (Index b = 0; b < q.pk.B; ++b)
     for (Index g = 0; g < q.pk.HKV; ++g) {
@@ -94,11 +95,13 @@ Work forward_impl(const QueryShard<S>& q, const KVBlock<S>& kv, const Mask& mask
               A* Sc = ws.s.data();  // the scores, then the probabilities, of the piece
               A* rmax = ws.rowmax.data();
               A* c = ws.rowc.data();
-              // sweep 1: S = Q' K^T; the row max as it is stored (a partial piece: after masking)
-              if (cls == TileClass::partial) {
+              // sweep 1: S = Q' K^T; the row max as it is stored (a partial piece or soft-capped scores:
+              // after masking and capping)
+              if (cls == TileClass::partial || cap > A(0)) {
                 scores<Epilogue::store, A>(ws.qs.data() + (p.r0 - q0) * D, n, D, D, ws.kt.data() + k0, ldk, tk, Sc, lds,
                                         nullptr, nullptr, A(0), nullptr, nullptr);
-                walk::apply_mask(Sc, lds, mask, q.pos, G, kv.pos, p);
+                if (cap > A(0)) cap_tile(Sc, n, tk, lds, cap, static_cast<A*>(nullptr));
+                if (cls == TileClass::partial) walk::apply_mask(Sc, lds, mask, q.pos, G, kv.pos, p);
                 for (Index i = 0; i < n; ++i) rmax[i] = *std::max_element(Sc + i * lds, Sc + i * lds + tk);
               } else {
                 scores<Epilogue::max, A>(ws.qs.data() + (p.r0 - q0) * D, n, D, D, ws.kt.data() + k0, ldk, tk, Sc, lds,
@@ -143,13 +146,14 @@ Work forward_impl(const QueryShard<S>& q, const KVBlock<S>& kv, const Mask& mask
 
 template <class S, class A>
 Work backward_impl(const GradQueryShard<S>& gq, const KVBlock<S>& kv, const Mask& mask, A scale, A* dk, A* dv,
-                   Workspace<A>& ws, Progress progress) {
+                   Workspace<A>& ws, Progress progress, A softcap) {
   const QueryShard<S>& q = gq.q;
   const Index G = q.pk.G, D = q.pk.D, rows = q.pk.L * G, Lk = kv.pk.L;
   Work work;
   if (!block_visible(mask, q.pos, kv.pos)) return work;
   const Tiling& t = ws.tiling;
   const A alpha = static_cast<A>(double(scale) * kLog2e);
+  const A cap = static_cast<A>(double(softcap) * kLog2e);  // the cap in log2 units; 0: none
   const Index ld = ws.ld, ldd = ws.ldd;
   for (Index b = 0; b < q.pk.B; ++b)
     for (Index g = 0; g < q.pk.HKV; ++g) {
@@ -185,6 +189,7 @@ Work backward_impl(const GradQueryShard<S>& gq, const KVBlock<S>& kv, const Mask
               // S - m <= 0 and P <= 1 however large the logits) and l kept apart
               scores<Epilogue::store, A>(ws.qs.data() + i0 * D, n, D, D, ws.kt.data() + k0, ld, tk, P, ld, nullptr,
                                       nullptr, A(0), nullptr, nullptr);
+              if (cap > A(0)) cap_tile(P, n, tk, ld, cap, dS);  // dS holds 1 - tanh^2 until sweep 3
               if (cls == TileClass::partial) walk::apply_mask(P, ld, mask, q.pos, G, kv.pos, p);
               A* inv = ws.rowc.data();
               for (Index i = 0; i < n; ++i) inv[i] = l[i] == A(0) ? A(0) : A(1) / l[i];  // l = 0: m = -inf, no key
@@ -204,6 +209,8 @@ Work backward_impl(const GradQueryShard<S>& gq, const KVBlock<S>& kv, const Mask
               // sweep 2: dV += P^T dO
               A* dVp = dv + ko + p.c0 * D;
               accumulate<true, A>(P, tk, ld, n, dOc + i0 * ldd, ldd, D, nullptr, dVp, D);
+              // in the forward pass this was: s' = c tanh(s / c), so now: dS takes 1 - tanh^2
+              if (cap > A(0)) mul_tile(P, dS, n, tk, ld);
               // sweep 3: dS = scale P o (dO V^T - delta), formed as it is stored
               scores<Epilogue::grad, A>(dOc + i0 * ldd, n, ldd, D, ws.vt.data() + k0, ld, tk, dS, ld, P,
                                      gq.delta + ro + p.r0, scale, nullptr, nullptr);
@@ -318,12 +325,12 @@ simd::PieceTimes piece_times_impl(Index D, int reps) {
 // One entry point per storage type and pass; bf16 and f16 compute in float.
 #define RINGATTN_ENTRY_POINTS(NAME, S)                                                                        \
   Work Forward##NAME(const QueryShard<S>& q, const KVBlock<S>& kv, const Mask& m, accum_t<S> s,               \
-                     OnlineState<accum_t<S>> st, Workspace<accum_t<S>>& ws, Progress p) {                     \
-    return forward_impl<S, accum_t<S>>(q, kv, m, s, st, ws, p);                                               \
+                     OnlineState<accum_t<S>> st, Workspace<accum_t<S>>& ws, Progress p, accum_t<S> cap) {     \
+    return forward_impl<S, accum_t<S>>(q, kv, m, s, st, ws, p, cap);                                          \
   }                                                                                                           \
   Work Backward##NAME(const GradQueryShard<S>& g, const KVBlock<S>& kv, const Mask& m, accum_t<S> s,          \
-                      accum_t<S>* dk, accum_t<S>* dv, Workspace<accum_t<S>>& ws, Progress p) {                \
-    return backward_impl<S, accum_t<S>>(g, kv, m, s, dk, dv, ws, p);                                          \
+                      accum_t<S>* dk, accum_t<S>* dv, Workspace<accum_t<S>>& ws, Progress p, accum_t<S> cap) { \
+    return backward_impl<S, accum_t<S>>(g, kv, m, s, dk, dv, ws, p, cap);                                     \
   }                                                                                                           \
   void Delta##NAME(const Packing& pk, const S* dout, const accum_t<S>* o, accum_t<S>* delta) {                \
     delta_impl(pk, dout, o, delta);                                                                           \
@@ -357,12 +364,14 @@ namespace ringattn::core {
   HWY_EXPORT(Backward##NAME);                                                                                 \
   HWY_EXPORT(Delta##NAME);                                                                                    \
   Work dispatch_forward(const QueryShard<S>& q, const KVBlock<S>& kv, const Mask& mask, accum_t<S> scale,     \
-                        OnlineState<accum_t<S>> st, Workspace<accum_t<S>>& ws, Progress progress) {           \
-    return HWY_DYNAMIC_DISPATCH(Forward##NAME)(q, kv, mask, scale, st, ws, progress);                        \
+                        OnlineState<accum_t<S>> st, Workspace<accum_t<S>>& ws, Progress progress,             \
+                        accum_t<S> softcap) {                                                                 \
+    return HWY_DYNAMIC_DISPATCH(Forward##NAME)(q, kv, mask, scale, st, ws, progress, softcap);               \
   }                                                                                                           \
   Work dispatch_backward(const GradQueryShard<S>& g, const KVBlock<S>& kv, const Mask& mask, accum_t<S> scale, \
-                         accum_t<S>* dk, accum_t<S>* dv, Workspace<accum_t<S>>& ws, Progress progress) {      \
-    return HWY_DYNAMIC_DISPATCH(Backward##NAME)(g, kv, mask, scale, dk, dv, ws, progress);                   \
+                         accum_t<S>* dk, accum_t<S>* dv, Workspace<accum_t<S>>& ws, Progress progress,        \
+                         accum_t<S> softcap) {                                                                \
+    return HWY_DYNAMIC_DISPATCH(Backward##NAME)(g, kv, mask, scale, dk, dv, ws, progress, softcap);          \
   }                                                                                                           \
   void dispatch_delta(const Packing& pk, const S* dout, const accum_t<S>* o, accum_t<S>* delta) {             \
     HWY_DYNAMIC_DISPATCH(Delta##NAME)(pk, dout, o, delta);                                                    \
@@ -377,14 +386,15 @@ RINGATTN_EXPORT(F16, f16)
 
 template <class S>
 Work block_forward(const QueryShard<S>& q, const KVBlock<S>& kv, const Mask& mask, accum_t<S> scale,
-                   OnlineState<accum_t<S>> st, Workspace<accum_t<S>>& ws, Progress progress) {
-  return dispatch_forward(q, kv, mask, scale, st, ws, progress);
+                   OnlineState<accum_t<S>> st, Workspace<accum_t<S>>& ws, Progress progress, accum_t<S> softcap) {
+  return dispatch_forward(q, kv, mask, scale, st, ws, progress, softcap);
 }
 
 template <class S>
 Work block_backward(const GradQueryShard<S>& g, const KVBlock<S>& kv, const Mask& mask, accum_t<S> scale,
-                    accum_t<S>* dk, accum_t<S>* dv, Workspace<accum_t<S>>& ws, Progress progress) {
-  return dispatch_backward(g, kv, mask, scale, dk, dv, ws, progress);
+                    accum_t<S>* dk, accum_t<S>* dv, Workspace<accum_t<S>>& ws, Progress progress,
+                    accum_t<S> softcap) {
+  return dispatch_backward(g, kv, mask, scale, dk, dv, ws, progress, softcap);
 }
 
 template <class S>
@@ -394,9 +404,9 @@ void compute_delta(const Packing& pk, const S* dout, const accum_t<S>* o, accum_
 
 #define RINGATTN_INSTANTIATE(S)                                                                                   \
   template Work block_forward<S>(const QueryShard<S>&, const KVBlock<S>&, const Mask&, accum_t<S>,                \
-                                 OnlineState<accum_t<S>>, Workspace<accum_t<S>>&, Progress);                      \
+                                 OnlineState<accum_t<S>>, Workspace<accum_t<S>>&, Progress, accum_t<S>);          \
   template Work block_backward<S>(const GradQueryShard<S>&, const KVBlock<S>&, const Mask&, accum_t<S>,           \
-                                  accum_t<S>*, accum_t<S>*, Workspace<accum_t<S>>&, Progress);                    \
+                                  accum_t<S>*, accum_t<S>*, Workspace<accum_t<S>>&, Progress, accum_t<S>);        \
   template void compute_delta<S>(const Packing&, const S*, const accum_t<S>*, accum_t<S>*);
 RINGATTN_INSTANTIATE(float)
 RINGATTN_INSTANTIATE(double)

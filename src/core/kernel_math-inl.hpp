@@ -11,6 +11,7 @@
 #endif
 
 #include "hwy/highway.h"
+#include "hwy/contrib/math/math-inl.h"  // Tanh (soft-capping)
 
 #include <algorithm>
 #include <cmath>
@@ -214,6 +215,34 @@ void pow_rows(A* x, Index n) {
     const auto mask = hn::FirstN(d, static_cast<size_t>(std::min<Index>(N, n - i)));
     hn::BlendedStore(Exp2(d, hn::MaskedLoad(mask, d, x + i)), mask, d, x + i);
   }
+}
+
+// ---- soft-capping ---------------------------------------------------------------------------------
+
+// Scores of the n x tk tile S (row stride lds) soft-capped in place, S = c tanh(S / c), with c the
+// cap in the kernels' units (softcap times log2 e: in natural units s -> softcap tanh(s / softcap)).
+// With F (the same strides), F = 1 - tanh^2 = ds_capped / ds, the factor the backward's dS takes.
+// Called before the mask, so no entry is -inf; only with a cap (the kernels test it once per piece).
+template <class A>
+void cap_tile(A* S, Index n, Index tk, Index lds, A c, A* F) {
+  const Tag<A> d;
+  const Index N = static_cast<Index>(hn::Lanes(d));
+  const auto vc = hn::Set(d, c), inv = hn::Set(d, A(1) / c), one = hn::Set(d, A(1));
+  for (Index i = 0; i < n; ++i)
+    for (Index j = 0; j < tk; j += N) {
+      const auto mask = hn::FirstN(d, static_cast<size_t>(std::min<Index>(N, tk - j)));
+      const auto t = hn::Tanh(d, hn::Mul(hn::MaskedLoad(mask, d, S + i * lds + j), inv));
+      hn::BlendedStore(hn::Mul(vc, t), mask, d, S + i * lds + j);
+      if (F) hn::BlendedStore(hn::NegMulAdd(t, t, one), mask, d, F + i * lds + j);
+    }
+}
+
+// P = P o F over the n x tk tile (row stride lds): the backward's P times the cap's derivative, so
+// that the gradient epilogue forms dS = scale P F o (dP - delta).
+template <class A>
+void mul_tile(A* P, const A* F, Index n, Index tk, Index lds) {
+  for (Index i = 0; i < n; ++i)
+    for (Index j = 0; j < tk; ++j) P[i * lds + j] *= F[i * lds + j];
 }
 
 }  // namespace ringattn::core::HWY_NAMESPACE

@@ -2,7 +2,7 @@
 //
 //   kernel_bench [--targets default|all|NAME,...] [--seqs 4096,8192] [--heads 8] [--head-dims 64,128]
 //                [--dtypes f32,f64] [--reps 5] [--causal] [--tile-q N] [--tile-k N] [--chunk N]
-//                [--forward-only] [--best] [--pieces]
+//                [--forward-only] [--best] [--pieces] [--softcap C]
 //
 // One core. The targets: the one the kernels use by default (the best this CPU runs, or the one
 // RINGATTN_SIMD names), every one this CPU runs (all), or those named. For each target, each shape
@@ -59,6 +59,7 @@ AlignedVector<T> randn(Index n, unsigned seed) {
 }
 
 bool g_best = false;
+double g_softcap = 0;  // --softcap C: the kernels soft-cap the scores (0: none)
 
 struct Rates {
   double fwd = 0, bwd = 0, fwd_peak = 0, bwd_peak = 0, fwd_ratio = 0, bwd_ratio = 0;
@@ -87,7 +88,7 @@ Rates measure(Index S, Index H, Index D, bool causal, int reps, const Tiling& ti
     OnlineState<T> st{m.data(), l.data(), acc.data()};
     init_online_state(pq, st);
     double t0 = now();
-    const Work wf = block_forward(qs, kv, mask, scale, st, ws);
+    const Work wf = block_forward(qs, kv, mask, scale, st, ws, {}, T(g_softcap));
     const double tf = now() - t0;
     const double sust_f = simd::fma_sustained(dt, tf);
     finalize_forward(pq, st, lse.data());
@@ -103,7 +104,7 @@ Rates measure(Index S, Index H, Index D, bool causal, int reps, const Tiling& ti
     const double peak_b = simd::fma_peak(dt, 0.2);
     t0 = now();
     const Work wb = block_backward(GradQueryShard<T>{qs, dout.data(), m.data(), l.data(), delta.data(), dq.data()}, kv,
-                                   mask, scale, dk.data(), dv.data(), ws);
+                                   mask, scale, dk.data(), dv.data(), ws, {}, T(g_softcap));
     const double tb = now() - t0;
     const double sust_b = simd::fma_sustained(dt, tb);
     br.push_back(wb.flops / tb);
@@ -191,6 +192,7 @@ int main(int argc, char** argv) try {
     else if (a == "--forward-only") forward_only = true;
     else if (a == "--best") g_best = true;
     else if (a == "--pieces") pieces = true;
+    else if (a == "--softcap") g_softcap = std::stod(value());
     else if (a == "--tile-q") tiling.q_rows = std::stoll(value());
     else if (a == "--tile-k") tiling.k_cols = std::stoll(value());
     else if (a == "--chunk") tiling.chunk_rows = std::stoll(value());
@@ -211,8 +213,8 @@ int main(int argc, char** argv) try {
   else if (targets == "default") run = {simd::current()};
   else run = split(targets);
   if (pieces) return print_pieces(run, split(dtypes), split(dims));
-  fmt::print("# one core; FMA peak measured before every repetition; medians of {} repetitions{}\n", reps,
-             causal ? "; causal" : "");
+  fmt::print("# one core; FMA peak measured before every repetition; medians of {} repetitions{}{}\n", reps,
+             causal ? "; causal" : "", g_softcap > 0 ? fmt::format("; softcap {:g}", g_softcap) : "");
   fmt::print("{:<8} {:>5} {:>6} {:>4} {:>4}  {:>9} {:>8} {:>7} {:>6} {:>6}  {:>9} {:>8} {:>7} {:>6} {:>6}\n", "target",
              "dtype", "S", "H", "D", "fwd GF/s", "peak", "% peak", "best", "% sust", "bwd GF/s", "peak", "% peak", "best",
              "% sust");

@@ -54,6 +54,8 @@ CASES = [
     ("negative softcap", dict(softcap="-1"), "softcap", ()),
     ("infinite softcap", dict(softcap="inf"), "softcap", ()),
     ("softcap 0 (none, as flash-attn's)", dict(softcap="0"), None, ()),
+    ("softcap 30", dict(softcap="30", causal="1"), None, ()),
+    ("softcap beyond f32", dict(softcap="1e300"), "softcap", ()),
     ("sinks, one per head", dict(sinks="0.5,-1,2,-inf"), None, ()),
     ("sinks of the wrong length", dict(sinks="0.5,1"), "sinks", ()),
     ("a NaN sink", dict(sinks="0,nan,0,0"), "sinks", ()),

@@ -108,10 +108,12 @@ void init_online_state(const Packing& pk, OnlineState<A> st);
 
 // Fold one K/V block into the running state of every query row:
 //   m' = max(m, max_j S_ij), c = e^(m - m'), l' = c l + sum_j e^(S_ij - m'),
-//   a' = c a + sum_j e^(S_ij - m') V_j,   S_ij = scale * q_i . k_j over visible j.
+//   a' = c a + sum_j e^(S_ij - m') V_j,   S_ij = scale * q_i . k_j over visible j,
+// soft-capped as S_ij = softcap tanh(S_ij / softcap) when softcap > 0 (0: none).
 template <class S>
 Work block_forward(const QueryShard<S>& q, const KVBlock<S>& kv, const Mask& mask, accum_t<S> scale,
-                   OnlineState<accum_t<S>> st, Workspace<accum_t<S>>& ws, Progress progress = {});
+                   OnlineState<accum_t<S>> st, Workspace<accum_t<S>>& ws, Progress progress = {},
+                   accum_t<S> softcap = 0);
 
 // O = a / l in place (acc becomes O) and LSE = m + log l (natural log) into lse [rows]; m and l
 // stay, in the kernel's units, for the backward. A row with no visible key has O = 0, m = LSE = -inf
@@ -149,10 +151,13 @@ void compute_delta(const Packing& pk, const S* dout, const accum_t<S>* o, accum_
 // Contribution of the local queries through one K/V block, accumulated into dq (local) and
 // dk, dv (kv-like, shaped like the block):
 //   P = exp(S - m) / l, dP = dO V^T, dS = P o (dP - D),
-//   dQ += scale dS K,  dK += scale dS^T Q,  dV += P^T dO.
+//   dQ += scale dS K,  dK += scale dS^T Q,  dV += P^T dO,
+// with dS times 1 - tanh^2(s / softcap) when the scores were soft-capped (softcap > 0). With a cap,
+// non-finite operands are not held to PyTorch's results.
 template <class S>
 Work block_backward(const GradQueryShard<S>& g, const KVBlock<S>& kv, const Mask& mask, accum_t<S> scale,
-                    accum_t<S>* dk, accum_t<S>* dv, Workspace<accum_t<S>>& ws, Progress progress = {});
+                    accum_t<S>* dk, accum_t<S>* dv, Workspace<accum_t<S>>& ws, Progress progress = {},
+                    accum_t<S> softcap = 0);
 
 // The Work block_forward would report for these operands, counted by the same walk over tiles
 // and strips without computing anything (the data pointers are not read): what a timing-only

@@ -126,7 +126,6 @@ double checked_softcap(const PlanOptions& o, DType dtype, const OptionNames& n) 
   if (dtype != DType::f64 && !std::isfinite(static_cast<float>(c)))
     fail(n, Option::softcap, fmt::format("@softcap: {:g} overflows {}'s float32 arithmetic (expected c <= {:g})", c,
                                          core::dtype_name(dtype), double(std::numeric_limits<float>::max())));
-  if (c > 0) fail(n, Option::softcap, "@softcap: not supported by these kernels yet (expected none, or 0)");
   return c;
 }
 
@@ -398,6 +397,7 @@ StrategySetup strategy_setup(const AttentionPlan& p) {
                                               : p.tiling;
   s.traffic = p.traffic;
   s.sinks = p.sinks.empty() ? nullptr : p.sinks.data();
+  s.softcap = p.softcap;
   s.kind = p.strategy;
   s.ulysses_degree = p.ulysses_degree;
   s.kv_head_group = p.kv_head_group;

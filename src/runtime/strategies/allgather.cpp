@@ -307,7 +307,7 @@ PassStats AllGatherAttention<S>::forward() {
   RingSteps<S> step(s_, r_, ledger_, nullptr, Pass::forward, groups_);
   ledger_.ag_fwd_recv_elems = 0;
   ledger_.send_bytes = ledger_.recv_bytes = 0;
-  const A scale = static_cast<A>(s_.scale);
+  const A scale = static_cast<A>(s_.scale), softcap = static_cast<A>(s_.softcap);
   comm::Exchange gather[2] = {comm::Exchange(comm_), comm::Exchange(comm_)};
   const Index first = start_gather(0, 0, gather[0], Pass::forward);
   for (int g = 0; g < groups_; ++g) {
@@ -330,7 +330,7 @@ PassStats AllGatherAttention<S>::forward() {
             return core::block_forward(qs, view(q, kv), *s_.mask, scale, st, ws_, [&] {
               gather[(g + 1) % 2].test();
               if (s_.poll) s_.poll();
-            });
+            }, softcap);
           },
           [&] { return core::count_block_forward(qs, view(q, kv), *s_.mask, ws_); }, 1.0);
     }
@@ -346,7 +346,7 @@ PassStats AllGatherAttention<S>::backward() {
   RingSteps<S> step(s_, r_, ledger_, nullptr, Pass::backward, groups_);
   allocate_backward();
   ledger_.ag_bwd_recv_elems = ledger_.rs_bwd_send_elems = ledger_.rs_bwd_recv_elems = 0;
-  const A scale = static_cast<A>(s_.scale);
+  const A scale = static_cast<A>(s_.scale), softcap = static_cast<A>(s_.softcap);
   comm::Exchange gather[2] = {comm::Exchange(comm_), comm::Exchange(comm_)};
   const Index first = start_gather(0, 0, gather[0], Pass::backward);
   for (int g = 0; g < groups_; ++g) {
@@ -390,7 +390,7 @@ PassStats AllGatherAttention<S>::backward() {
                 gather[(g + 1) % 2].test();
                 reduce.test();
                 if (s_.poll) s_.poll();
-              });
+              }, softcap);
             },
             [&] { return core::count_block_forward(qs, view(q, kv), *s_.mask, ws_); }, 2.5);
       if (q != r_) {  // a rank without queries still sends its (zero) contribution: the owner waits for it

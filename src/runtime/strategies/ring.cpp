@@ -122,7 +122,7 @@ PassStats RingAttention<T>::forward() {
   RingSteps<T> step(s_, r_, ledger_, obs_, Pass::forward, plan_.steps());
   core::OnlineState<A> st{m_.data(), l_.data(), acc_.data()};
   if (step.computes()) core::init_online_state(pq_, st);
-  const A scale = static_cast<A>(s_.scale);
+  const A scale = static_cast<A>(s_.scale), softcap = static_cast<A>(s_.softcap);
   const T* cur = kv_own_.data();
   for (int j = 0; j < plan_.steps(); ++j) {
     const int owner = plan_.owner(r_, j);
@@ -145,7 +145,7 @@ PassStats RingAttention<T>::forward() {
             return core::block_forward(qshard_, view(owner, cur), *s_.mask, scale, st, ws_, [&] {
               kvx.test();
               if (s_.poll) s_.poll();
-            });
+            }, softcap);
           },
           [&] { return core::count_block_forward(qshard_, view(owner, cur), *s_.mask, ws_); }, 1.0);
       step.forward_block(owner, pq_, m_.data(), l_.data(), acc_.data());
@@ -166,7 +166,7 @@ template <class T>
 PassStats RingAttention<T>::backward() {
   RingSteps<T> step(s_, r_, ledger_, obs_, Pass::backward, plan_.steps());
   allocate_backward();
-  const A scale = static_cast<A>(s_.scale);
+  const A scale = static_cast<A>(s_.scale), softcap = static_cast<A>(s_.softcap);
   if (step.computes()) {
     core::compute_delta(pq_, dout_.data(), acc_.data(), delta_.data());
     if (has_dlse_)  // in the forward pass LSE_i = log sum_j e^S_ij, so dS_ij += P_ij dLSE_i
@@ -226,7 +226,7 @@ PassStats RingAttention<T>::backward() {
               gx[0]->test();
               gx[1]->test();
               if (s_.poll) s_.poll();
-            });
+            }, softcap);
           },
           [&] { return core::count_block_forward(qshard_, view(owner, cur), *s_.mask, ws_); }, 2.5);
       step.replay_block(owner, packing(owner), target, target + blk / 2);
