@@ -1,11 +1,13 @@
 #!/usr/bin/python3
-"""Gradients through LSE, attention sinks and cu_seqlens under mpirun, against float64 autograd.
+"""Gradients through LSE, attention sinks, soft-capping and cu_seqlens under mpirun, against float64
+autograd.
 
     PYTHONPATH=build/python mpirun -np N python3 tests/python/lse_sinks_test.py
 
 Every rank builds the whole q, k, v, sinks and the loss's weights from one seed and computes the
 reference: float64 autograd over the whole sequence (mask materialised, the sink as one more
-column of each row's softmax that attends to no value; no code shared with ringattn), of a loss
+column of each row's softmax that attends to no value, scores soft-capped as C tanh(s / C); no code
+shared with ringattn), of a loss
 that uses both outputs, sum(W_o * O) + sum(W_lse * LSE). It runs ringattn.attention_lse on its shard
 with the same loss on its rows and compares O, LSE, q.grad, k.grad, v.grad and sinks.grad (the
 whole gradient, on every rank). Tolerances relative to max |ref|: f64 1e-10, f32 3e-4; bf16 and f16
@@ -44,12 +46,15 @@ def visible(S, causal, window, doc_lens):
     return m
 
 
-def reference(q, k, v, sinks, causal, window, doc_lens):
-    """O [B, S, H, D], LSE [B, H, S] of whole float64 tensors; sinks [H] or None."""
+def reference(q, k, v, sinks, causal, window, doc_lens, softcap=None):
+    """O [B, S, H, D], LSE [B, H, S] of whole float64 tensors; sinks [H] or None; scores soft-capped
+    as C tanh(s / C) before the mask when softcap is C."""
     B, S, H, D = q.shape
     G = H // k.shape[2]
     kk, vv = k.repeat_interleave(G, dim=2), v.repeat_interleave(G, dim=2)
     s = torch.einsum("bihd,bjhd->bhij", q, kk) / math.sqrt(D)
+    if softcap:
+        s = softcap * torch.tanh(s / softcap)
     s = s.masked_fill(~visible(S, causal, window, doc_lens), float("-inf"))
     if sinks is not None:
         s = torch.cat([s, sinks.view(1, H, 1, 1).expand(B, H, S, 1)], dim=-1)
@@ -75,9 +80,10 @@ def agreed(name, ok, detail=""):
 
 def run_case(name, *, S, B=1, H=4, HKV=2, D=8, dtype=torch.float64, layout="contiguous", causal=False,
              window=None, doc_lens=None, strategy="ring", ulysses_degree=None, sinks=True, lse_weight=1.0,
-             seed=0):
+             softcap=None, logit_scale=1.0, seed=0):
     g = torch.Generator().manual_seed(seed)
     full = [torch.randn(B, S, h, D, generator=g, dtype=torch.float64).to(dtype).double() for h in (H, HKV, HKV)]
+    full[0] = (full[0] * logit_scale).to(dtype).double()  # large logits: scores where tanh bends
     w_o = torch.randn(B, S, H, D, generator=g, dtype=torch.float64).to(dtype).double()  # dO is stored in dtype
     w_lse = torch.randn(B, H, S, generator=g, dtype=torch.float64) * lse_weight
     sink_values = torch.randn(H, generator=g, dtype=torch.float64) * 1.5
@@ -85,7 +91,7 @@ def run_case(name, *, S, B=1, H=4, HKV=2, D=8, dtype=torch.float64, layout="cont
         sink_values[0] = float("-inf")  # a head without a sink
     qf, kf, vf = (t.clone().requires_grad_(True) for t in full)
     sf = sink_values.clone().requires_grad_(True) if sinks else None
-    o_ref, lse_ref = reference(qf, kf, vf, sf, causal, window, doc_lens)
+    o_ref, lse_ref = reference(qf, kf, vf, sf, causal, window, doc_lens, softcap)
     ((o_ref * w_o).sum() + (lse_ref * w_lse).sum()).backward()
 
     pos = torch.from_numpy(ringattn.positions(S, N, RANK, layout))
@@ -94,6 +100,7 @@ def run_case(name, *, S, B=1, H=4, HKV=2, D=8, dtype=torch.float64, layout="cont
         if sinks else None
     o, lse = ringattn.attention_lse(q, k, v, seq_len=S, causal=causal, window=window, doc_lens=doc_lens,
                                     layout=layout, sinks=s, strategy=strategy, ulysses_degree=ulysses_degree,
+                                    softcap=softcap,
                                     timeout=60, out_dtype=torch.float64 if dtype == torch.float64 else torch.float32)
     ((o.double() * w_o[:, pos]).sum() + (lse.double() * w_lse[:, :, pos]).sum()).backward()
     errs = {"o": rel_error(o, o_ref[:, pos].detach()), "lse": rel_error(lse, lse_ref[:, :, pos].detach()),
@@ -190,8 +197,13 @@ def main():
         ("f32 allgather documents, sinks", dict(S=40, doc_lens=[15, 25], strategy="allgather",
                                                 dtype=torch.float32)),
     ]
+    cases += [("f64 ring softcap 5 causal zigzag, O+LSE loss, sinks", dict(S=37, causal=True, layout="zigzag",
+                                                                          softcap=5.0, logit_scale=6.0)),
+              ("f32 allgather softcap 5 window, sinks", dict(S=33, window=6, softcap=5.0, logit_scale=6.0,
+                                                             strategy="allgather", dtype=torch.float32))]
     if 4 % N == 0:
-        cases += [("f64 ulysses causal GQA, sinks", dict(S=37, causal=True, strategy="ulysses")),
+        cases += [("f64 ulysses softcap 5 documents, sinks", dict(S=40, doc_lens=[15, 25], softcap=5.0,
+                                                                  logit_scale=6.0, strategy="ulysses")),("f64 ulysses causal GQA, sinks", dict(S=37, causal=True, strategy="ulysses")),
                   ("f32 ulysses window zigzag, sinks", dict(S=41, window=7, layout="zigzag", strategy="ulysses",
                                                             dtype=torch.float32))]
     if N == 4:

@@ -122,11 +122,13 @@ void unshard(const std::vector<T>& packed, const Shape& s, Index heads, const La
 // Serial ring: forward over blocks in ring order, backward replaying them and returning
 // contributions to their owners, summed in step order.
 template <class S>
-DenseResult simulate_ring(const Global& g, const Layout& l, const Mask& mask, double scale, const Tiling& tiling) {
+DenseResult simulate_ring(const Global& g, const Layout& l, const Mask& mask, double scale, const Tiling& tiling,
+                          const AttentionExtras& x = {}) {
   using A = accum_t<S>;
   const Shape& s = g.s;
   const int N = l.ranks();
   DenseResult out;
+  if (!x.sinks.empty()) out.dsinks.assign(s.H, 0.0);
   out.o.assign(g.q.size(), 0);
   out.dq.assign(g.q.size(), 0);
   out.dk.assign(g.k.size(), 0);
@@ -155,16 +157,23 @@ DenseResult simulate_ring(const Global& g, const Layout& l, const Mask& mask, do
     const QueryShard<S> qs{pq, l.positions(r), q.data()};
     OnlineState<A> st{m.data(), lsum.data(), acc.data()};
     init_online_state(pq, st);
-    for (int j = 0; j < N; ++j) block_forward(qs, block(((r - j) % N + N) % N), mask, A(scale), st, ws);
-    finalize_forward(pq, st, lse.data());
+    for (int j = 0; j < N; ++j) block_forward(qs, block(((r - j) % N + N) % N), mask, A(scale), st, ws, {}, A(x.softcap));
+    finalize_forward(pq, st, lse.data(), x.sinks.empty() ? nullptr : x.sinks.data());
     compute_delta(pq, dout.data(), acc.data(), delta.data());
+    if (!x.dlse.empty())  // delta_i -= dLSE_i, the global [B, H, S] at this rank's rows
+      for (Index b = 0; b < s.B; ++b)
+        for (Index h = 0; h < s.H; ++h)
+          for (Index i = 0; i < l.size(r); ++i)
+            delta[pq.row_group(b, h / s.G()) + i * s.G() + h % s.G()] -=
+                A(x.dlse[(b * s.H + h) * s.S + l.positions(r)[i]]);
     const GradQueryShard<S> gq{qs, dout.data(), m.data(), lsum.data(), delta.data(), dq.data()};
     for (int j = 0; j < N; ++j) {
       const int o = ((r - j) % N + N) % N;
       contrib[r][j].assign(kv[o].size(), A(0));
       A* c = contrib[r][j].data();
-      block_backward(gq, block(o), mask, A(scale), c, c + kv[o].size() / 2, ws);
+      block_backward(gq, block(o), mask, A(scale), c, c + kv[o].size() / 2, ws, {}, A(x.softcap));
     }
+    if (!x.sinks.empty()) add_sink_grad(pq, lse.data(), delta.data(), x.sinks.data(), out.dsinks.data());
     unshard(acc, s, s.H, l, r, out.o);
     unshard(dq, s, s.H, l, r, out.dq);
     // lse rows [B, HKV, L, G] -> [B, H, S]
@@ -236,8 +245,10 @@ std::vector<Case> packed_cases() {
 
 double rel(const std::vector<double>& x, const std::vector<double>& ref) { return max_rel_error(x, ref); }
 
+// With extras: a soft cap that bends the scores (|s| of order 1 against a cap of 0.7), a sink per
+// head (head 0 without one) and a gradient into LSE.
 template <class T>
-void expect_matches_reference(double tol, const std::vector<Case>& all = cases()) {
+void expect_matches_reference(double tol, const std::vector<Case>& all = cases(), bool extras = false) {
   for (const Case& c : all) {
     SCOPED_TRACE(c.name);
     const Global g = random_inputs(c.s, 11);
@@ -245,13 +256,21 @@ void expect_matches_reference(double tol, const std::vector<Case>& all = cases()
     for (auto* t : {&gin.q, &gin.k, &gin.v, &gin.dout})
       for (double& x : *t) x = value_cast<double>(value_cast<T>(x));
     const double scale = 1.0 / std::sqrt(double(c.s.D));
-    const DenseResult ref = reference_attention(c.s, c.mask, scale, gin.q, gin.k, gin.v, gin.dout);
-    const DenseResult got = simulate_ring<T>(gin, c.layout, c.mask, scale, c.tiling);
+    AttentionExtras x;
+    if (extras) {
+      x.softcap = 0.7;
+      for (Index h = 0; h < c.s.H; ++h) x.sinks.push_back(h == 0 ? -INFINITY : 0.5 * double(h) - 0.6);
+      x.dlse = random_inputs(Shape{c.s.B, c.s.S, c.s.H, c.s.H, 1}, 12).q;  // [B, S, H, 1] read as [B, H, S]
+      for (double& v : x.dlse) v = value_cast<double>(static_cast<accum_t<T>>(v));
+    }
+    const DenseResult ref = reference_attention(c.s, c.mask, scale, gin.q, gin.k, gin.v, gin.dout, true, x);
+    const DenseResult got = simulate_ring<T>(gin, c.layout, c.mask, scale, c.tiling, x);
     EXPECT_LE(rel(got.o, ref.o), tol);
     EXPECT_LE(rel(got.lse, ref.lse), tol);
     EXPECT_LE(rel(got.dq, ref.dq), tol);
     EXPECT_LE(rel(got.dk, ref.dk), tol);
     EXPECT_LE(rel(got.dv, ref.dv), tol);
+    if (extras) EXPECT_LE(rel(got.dsinks, ref.dsinks), tol);
   }
 }
 
@@ -289,6 +308,17 @@ TEST(BlockAttention, BlockRemaindersMatchDenseReferenceFloat32) {
 
 TEST(BlockAttention, BlockRemaindersMatchDenseReferenceFloat64) {
   on_every_target([] { expect_matches_reference<double>(1e-12, packed_cases()); });
+}
+
+// Soft-capping, sinks and a gradient into LSE on every target, through every tile remainder.
+TEST(BlockAttention, SoftcapSinksAndLseGradientMatchDenseReference) {
+  on_every_target([] {
+    expect_matches_reference<double>(1e-12, cases(), true);
+    expect_matches_reference<double>(1e-12, packed_cases(), true);
+    expect_matches_reference<float>(2e-5, cases(), true);
+    expect_matches_reference<float>(2e-5, packed_cases(), true);
+    expect_matches_reference<bf16>(2e-5, cases(), true);
+  });
 }
 
 // Every target agrees with the best one to float rounding on the same inputs, forward and
