@@ -326,7 +326,7 @@ def run_mpi(cmd, timeout):
     return True, ""
 
 
-def load_outputs(out_dir, names):
+def load_outputs(out_dir, names=("o", "lse", "dq", "dk", "dv")):
     outs = {}
     for name in names:
         path = os.path.join(out_dir, name + ".npy")
