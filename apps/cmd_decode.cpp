@@ -41,7 +41,7 @@ void print_decode(const runtime::DecodeResult& r, const runtime::DecodeConfig& c
                human_bytes(double(r.stream_buffer_bytes), "{:.4g} {}"));
   fmt::print("  merge ({}) of {} values per rank, all ranks starting together: {:.1f} us; MPI_Allreduce (sum) of as "
              "many: {:.1f} us ({:.2f}x; medians, slowest rank)\n", c.merge == "gather" ? "all-gather, merged in "
-             "rank order" : "all-reduce, user operation", r.state_values, r.merge_alone_s * 1e6, r.allreduce_s * 1e6,
+             "rank order" : "all-reduce, recursive doubling in a fixed order", r.state_values, r.merge_alone_s * 1e6, r.allreduce_s * 1e6,
              r.allreduce_s > 0 ? r.merge_alone_s / r.allreduce_s : 0.0);
   fmt::print("  decode O identical on every rank: {}\n", r.identical_on_every_rank ? "yes" : "NO");
   if (r.checked) {
@@ -76,8 +76,8 @@ Command add_decode_command(CLI::App& parent) {
   add_integer(d, "--seed", c.seed, "seed of the generated q, k, v (default 0)");
   d->add_option("--prefill", c.prefill, "attend (default): the prompt through the causal ring forward; load: its K/V "
                                         "kept without attending (no o_prefill; for caches too long to attend here)");
-  d->add_option("--merge", c.merge, "gather (default): one all-gather of the partial states, merged in rank order; "
-                                    "allreduce: one MPI_Allreduce with a user operation");
+  d->add_option("--merge", c.merge, "allreduce (default): an all-reduce of the partial states by recursive doubling with "
+                                    "fixed partners (log2 N rounds); gather: one all-gather, merged in rank order");
   add_integer(d, "--stream-mib", c.stream_mib, "MiB read (over all ranks, >= 256 each) to measure the streaming read "
                                                "bandwidth; 0: not measured (default 2048)");
 #ifdef RINGATTN_SMPI

@@ -407,7 +407,7 @@ class KVCache:
       returns this rank's O [B, L, H, D] (and LSE [B, H, L] with return_lse=True); K/V stay here.
     decode(q, k, v): every rank passes the same T new tokens (q [B, T, H, D], k, v [B, T, HKV, D]);
       their K/V go to the ranks that own their positions, every rank attends the T queries to its
-      shard, and one all-gather merges the partial softmax states in float32 or float64: every rank
+      shard, and one all-reduce (fixed order) merges the partial softmax states in float32 or float64: every rank
       returns the same O [B, T, H, D], bit for bit (and LSE [B, H, T] with return_lse=True).
     O is computed in float64 for a float64 cache and float32 otherwise, and returned in the cache's
     dtype (rounded once, as attention() does) or in out_dtype; LSE stays float64 or float32. No

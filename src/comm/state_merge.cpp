@@ -4,6 +4,7 @@
 #include <cmath>
 #include <limits>
 #include <string>
+#include <vector>
 
 #include "mpi_util.hpp"
 
@@ -69,19 +70,54 @@ void all_gather_fixed(const Comm& comm, std::span<const T> mine, std::span<T> al
   complete(comm, r, "the merge's all-gather");
 }
 
+// Recursive doubling with fixed partners: ranks r and r ^ 2^k exchange their merged records and
+// each computes merge(theirs, mine). The merge is exactly commutative (max, and sums of two
+// products, are the same bits in either order), so both partners hold the same bits after every
+// round, and the association (the tree) depends on N alone: every rank returns the same records,
+// and a run returns the same records as the last one with that N. With N not a power of two, the
+// ranks past the largest power of two P first fold their records into rank r - P and get the
+// result back at the end. log2 P rounds of B T H (D + 2) values: the latency-bound shape MPI's
+// own small-message all-reduce has, but with an order the standard does not leave open.
 template <class T>
 void allreduce_states(const Comm& comm, std::span<T> records, int head_dim) {
+  const int N = comm.size(), r = comm.rank();
+  if (N == 1) return;
+  const int w = head_dim + 2, len = int(records.size() / std::size_t(w));
+  const int count = detail::as_count(std::int64_t(records.size()), "the merge's all-reduce");
   MPI_Datatype rec;
-  detail::check(MPI_Type_contiguous(head_dim + 2, mpi_type<T>(), &rec), "MPI_Type_contiguous");
+  detail::check(MPI_Type_contiguous(w, mpi_type<T>(), &rec), "MPI_Type_contiguous");
   MPI_Type_commit(&rec);
-  MPI_Op op;
-  detail::check(MPI_Op_create(&merge_records<T>, 1, &op), "MPI_Op_create");
-  const int n = detail::as_count(std::int64_t(records.size()) / (head_dim + 2), "the merge's all-reduce");
-  // Blocking: Open MPI runs a user operation inside MPI calls either way.
-  const int rc = MPI_Allreduce(MPI_IN_PLACE, records.data(), n, rec, op, detail::mpi(comm));
-  MPI_Op_free(&op);
+  std::vector<T> theirs(records.size());
+  const MPI_Comm c = detail::mpi(comm);
+  constexpr int kTag = 30517;  // the merge's messages only
+  auto exchange = [&](int peer, bool send, bool recv) {
+    MPI_Request req[2];
+    int n = 0;
+    if (recv) detail::check(MPI_Irecv(theirs.data(), count, mpi_type<T>(), peer, kTag, c, &req[n++]), "MPI_Irecv");
+    if (send) detail::check(MPI_Isend(records.data(), count, mpi_type<T>(), peer, kTag, c, &req[n++]), "MPI_Isend");
+    detail::wait_all(n, req, comm.timeout(), [&] {
+      return "the merge's all-reduce with rank " + std::to_string(peer) + " (rank " + std::to_string(r) + ")";
+    });
+    if (recv) {
+      int l = len;
+      merge_records<T>(theirs.data(), records.data(), &l, &rec);
+    }
+  };
+  int P = 1;
+  while (P * 2 <= N) P *= 2;
+  if (r >= P) {
+    exchange(r - P, true, false);  // fold in, then wait for the result
+    MPI_Request q;
+    detail::check(MPI_Irecv(records.data(), count, mpi_type<T>(), r - P, kTag, c, &q), "MPI_Irecv");
+    detail::wait_all(1, &q, comm.timeout(), [&] {
+      return "the merge's all-reduce result from rank " + std::to_string(r - P) + " (rank " + std::to_string(r) + ")";
+    });
+  } else {
+    if (r + P < N) exchange(r + P, false, true);
+    for (int k = 1; k < P; k *= 2) exchange(r ^ k, true, true);
+    if (r + P < N) exchange(r + P, true, false);
+  }
   MPI_Type_free(&rec);
-  detail::check(rc, "MPI_Allreduce");
 }
 
 template <class T>

@@ -54,7 +54,7 @@ def test_out_is_one_set():
 
 def test_load_and_merge_checked():
     """--prefill load keeps the prompt's K/V unattended and checks the decode rows against their
-    definition; --merge allreduce (MPI's reduction with a user operation) gives the same rows to
+    definition; --merge allreduce (recursive doubling with fixed partners; N = 3 folds a rank in first) gives the same rows to
     f32 rounding, the same on every rank."""
     for n in (1, 3):
         for merge in ("gather", "allreduce"):

@@ -4,9 +4,9 @@
 // weighted sum of V rows), every rank holding the same rows.
 //   all_gather_fixed:  every rank's records, in rank order, on every rank (one MPI_Allgather); the
 //                      caller merges them in rank order, so every rank computes the same bits.
-//   allreduce_states:  the merged records on every rank in one MPI_Allreduce with a user operation
-//                      (m = max m_r, l = sum l_r 2^(m_r - m), a = sum a_r 2^(m_r - m)); MPI chooses
-//                      the reduction's order and may choose differently per rank.
+//   allreduce_states:  the merged records on every rank by recursive doubling with fixed partners
+//                      (m = max m_r, l = sum l_r 2^(m_r - m), a = sum a_r 2^(m_r - m)): log2 N
+//                      rounds; the same bits on every rank and on every run with that N.
 //   allreduce_sum:     MPI_Allreduce(MPI_SUM) of as many values: the yardstick a merge is held to.
 #include <span>
 

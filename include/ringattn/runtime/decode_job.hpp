@@ -18,7 +18,7 @@ struct DecodeConfig {
   std::optional<Index> batch, heads, kv_heads, head_dim;
   std::string dtype = "f32", layout = "auto";
   std::string prefill = "attend";  // attend (the ring forward) or load (the prompt's K/V kept unattended)
-  std::string merge = "gather";    // gather or allreduce (KVCacheOptions::merge)
+  std::string merge = "allreduce";  // allreduce or gather (KVCacheOptions::merge)
   bool timing_only = false;        // simulation: each step's bytes (or flops) charged, nothing computed
   double memory_bandwidth = 200e9; // bytes/s per rank a timing-only step reads its K/V at
   Index stream_mib = 2048;         // the stream measurement's buffer, over all ranks (>= 256 MiB each); 0: none

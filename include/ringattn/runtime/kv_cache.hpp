@@ -7,18 +7,18 @@
 // (q [B, T, H, D], k, v [B, T, HKV, D]) at positions S0 + n .. S0 + n + T - 1; position p's K/V go
 // to rank (p - S0) mod N, so the shards stay balanced as the cache grows. Every rank attends the T
 // queries to its shard (causal among the new tokens, the window respected) into a partial online
-// state (m, l, a), and one all-gather of the N partial states, B T H (D + 2) values each, is merged
-// on every rank in rank order:
+// state (m, l, a), and one all-reduce of the N partial states, B T H (D + 2) values each, merges
+// them on every rank:
 //   m = max_r m_r,  l = sum_r l_r 2^(m_r - m),  a = sum_r a_r 2^(m_r - m),  O = a / l
-// in the accumulation type (f32 for 16-bit storage), so every rank returns bitwise the same O
-// and the error stays flat in N. A rank that sees nothing has m_r = -inf and adds nothing.
+// in the accumulation type (f32 for 16-bit storage), so the error stays flat in N. A rank that
+// sees nothing has m_r = -inf and adds nothing.
 //
-// Why gather-then-merge and not MPI_Allreduce with a user operation (merge = "allreduce", kept to
-// measure against): the standard does not promise the same bits on every rank from a user
-// operation's reduction order, and decode must return the same O everywhere; and measured at
-// N = 2 the user operation is not faster (docs/inference.md has the numbers). The all-gather moves
-// N x the state, which is small against the cache each step reads (the state is B T H (D + 2)
-// values, the cache B L HKV 2 D).
+// The all-reduce is ringattn's own recursive doubling with fixed partners (comm/state_merge.hpp):
+// the merge of two states is exactly commutative, so both partners of a round hold the same bits,
+// and the tree depends on N alone: every rank returns bitwise the same O, on every run with that N
+// (MPI_Allreduce with a user operation promises neither). merge = "gather" (one all-gather, merged
+// in rank order) is kept to measure against: as fast at N = 2, but it moves N times the state and
+// stops scaling past N of about 64 (docs/inference.md has the numbers).
 #include <memory>
 #include <optional>
 #include <span>
@@ -41,7 +41,7 @@ struct KVCacheOptions {
   std::optional<Index> capacity;  // positions the cache may hold in all (prompt + decoded); empty: no limit
   std::optional<double> timeout_s;
   core::Tiling tiling;
-  std::string merge = "gather";  // gather (all-gather, merged in rank order) or allreduce (user operation)
+  std::string merge = "allreduce";  // allreduce (recursive doubling, fixed order) or gather (all-gather, merged in rank order)
 };
 
 // What one decode step did on this rank.
