@@ -100,9 +100,12 @@ Work forward_impl(const QueryShard<S>& q, const KVBlock<S>& kv, const Mask& mask
               if (cls == TileClass::partial || cap > A(0)) {
                 scores<Epilogue::store, A>(ws.qs.data() + (p.r0 - q0) * D, n, D, D, ws.kt.data() + k0, ldk, tk, Sc, lds,
                                         nullptr, nullptr, A(0), nullptr, nullptr);
-                if (cap > A(0)) cap_tile(Sc, n, tk, lds, cap, static_cast<A*>(nullptr));
-                if (cls == TileClass::partial) walk::apply_mask(Sc, lds, mask, q.pos, G, kv.pos, p);
-                for (Index i = 0; i < n; ++i) rmax[i] = *std::max_element(Sc + i * lds, Sc + i * lds + tk);
+                if (cap > A(0))  // a full piece takes its row maxima as it is capped
+                  cap_tile(Sc, n, tk, lds, cap, static_cast<A*>(nullptr), cls == TileClass::partial ? nullptr : rmax);
+                if (cls == TileClass::partial) {
+                  walk::apply_mask(Sc, lds, mask, q.pos, G, kv.pos, p);
+                  for (Index i = 0; i < n; ++i) rmax[i] = *std::max_element(Sc + i * lds, Sc + i * lds + tk);
+                }
               } else {
                 scores<Epilogue::max, A>(ws.qs.data() + (p.r0 - q0) * D, n, D, D, ws.kt.data() + k0, ldk, tk, Sc, lds,
                                       nullptr, nullptr, A(0), rmax, ws.vmax.data());

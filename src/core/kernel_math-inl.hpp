@@ -11,7 +11,6 @@
 #endif
 
 #include "hwy/highway.h"
-#include "hwy/contrib/math/math-inl.h"  // Tanh (soft-capping)
 
 #include <algorithm>
 #include <cmath>
@@ -222,19 +221,31 @@ void pow_rows(A* x, Index n) {
 // Scores of the n x tk tile S (row stride lds) soft-capped in place, S = c tanh(S / c), with c the
 // cap in the kernels' units (softcap times log2 e: in natural units s -> softcap tanh(s / softcap)).
 // With F (the same strides), F = 1 - tanh^2 = ds_capped / ds, the factor the backward's dS takes.
-// Called before the mask, so no entry is -inf; only with a cap (the kernels test it once per piece).
+// tanh |x| = (1 - u) / (1 + u) and 1 - tanh^2 = 4 u / (1 + u)^2 with u = e^(-2|x|) = 2^(-2 log2(e) |x|),
+// one Exp2 of a non-positive argument (as the softmax's) and one division per score: the absolute
+// error of tanh is about one ulp of 1, so the capped score's is about c ulp(1), as a score's own
+// rounding. Called before the mask, so no entry is -inf; only with a cap (tested once per piece).
+// With rmax, rmax[i] = the largest capped score of row i (a piece with no mask to apply).
 template <class A>
-void cap_tile(A* S, Index n, Index tk, Index lds, A c, A* F) {
+void cap_tile(A* S, Index n, Index tk, Index lds, A c, A* F, A* rmax = nullptr) {
   const Tag<A> d;
   const Index N = static_cast<Index>(hn::Lanes(d));
-  const auto vc = hn::Set(d, c), inv = hn::Set(d, A(1) / c), one = hn::Set(d, A(1));
-  for (Index i = 0; i < n; ++i)
+  const auto vc = hn::Set(d, c), k = hn::Set(d, A(-2 * kLog2e) / c), one = hn::Set(d, A(1)), four = hn::Set(d, A(4));
+  const auto ninf = hn::Set(d, -std::numeric_limits<A>::infinity());
+  for (Index i = 0; i < n; ++i) {
+    auto m = ninf;
     for (Index j = 0; j < tk; j += N) {
       const auto mask = hn::FirstN(d, static_cast<size_t>(std::min<Index>(N, tk - j)));
-      const auto t = hn::Tanh(d, hn::Mul(hn::MaskedLoad(mask, d, S + i * lds + j), inv));
-      hn::BlendedStore(hn::Mul(vc, t), mask, d, S + i * lds + j);
-      if (F) hn::BlendedStore(hn::NegMulAdd(t, t, one), mask, d, F + i * lds + j);
+      const auto x = hn::MaskedLoad(mask, d, S + i * lds + j);
+      const auto u = Exp2(d, hn::Mul(hn::Abs(x), k));
+      const auto r = hn::Div(one, hn::Add(one, u));
+      const auto y = hn::Mul(vc, hn::CopySign(hn::Mul(hn::Sub(one, u), r), x));
+      hn::BlendedStore(y, mask, d, S + i * lds + j);
+      if (F) hn::BlendedStore(hn::Mul(hn::Mul(four, u), hn::Mul(r, r)), mask, d, F + i * lds + j);
+      m = hn::Max(m, hn::IfThenElse(mask, y, ninf));
     }
+    if (rmax) rmax[i] = hn::GetLane(hn::MaxOfLanes(d, m));
+  }
 }
 
 // P = P o F over the n x tk tile (row stride lds): the backward's P times the cap's derivative, so
