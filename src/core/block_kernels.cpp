@@ -114,7 +114,7 @@ Work forward_impl(const QueryShard<S>& q, const KVBlock<S>& kv, const Mask& mask
               auto sees = [&](Index i, Index j) {
                 return cls != TileClass::partial || mask.visible(q.pos[(p.r0 + i) / G], kv.pos[p.c0 + j]);
               };
-              if (nonfinite) nan_rows(Sc, lds, n, tk, ws.qs.data() + (p.r0 - q0) * D, D, rmax, sees);
+              if (nonfinite) nan_rows(Sc, lds, n, tk, ws.qs.data() + (p.r0 - q0) * D, D, rmax, sees, cap > A(0));
               // sweep 2: m' = max(m, rowmax), P = 2^(S - m'), l' = c l + sum P, c = 2^(m - m')
               A* m = mg + p.r0;
               A* l = lg + p.r0;
@@ -202,7 +202,7 @@ Work backward_impl(const GradQueryShard<S>& gq, const KVBlock<S>& kv, const Mask
                 exp_tile<true, A>(P, n, tk, ld, m, inv, nullptr);
               if (nonfinite && cls == TileClass::partial) {  // passes 2-4 over the visible pairs only
                 visible_backward(P, dS, n, tk, ld, dOc + i0 * ldd, Qc + i0 * ldd, K + k0 * ldd, ws.vt.data() + k0, ldd,
-                                 D, l, gq.delta + ro + p.r0, scale, gq.dq + qo + p.r0 * D, dk + ko + p.c0 * D,
+                                 D, l, gq.delta + ro + p.r0, scale, cap > A(0), gq.dq + qo + p.r0 * D, dk + ko + p.c0 * D,
                                  dv + ko + p.c0 * D, [&](Index i, Index j) {
                                    return mask.visible(q.pos[(p.r0 + i) / G], kv.pos[p.c0 + j]);
                                  });

@@ -27,15 +27,18 @@ namespace ringattn::core::HWY_NAMESPACE {
 // whose query holds a non-finite value and which sees a key here (no score of it is finite; PyTorch's
 // softmax of such a row is NaN even when every score is -inf), and a row whose max is -inf although
 // it holds a score other than -inf (a NaN that the vector max passed over). sees(i, j): row i sees
-// key j of the piece.
+// key j of the piece. With soft-capping (capped) the first rule does not hold: c tanh(s / c) takes
+// an infinite score to +-c, so such a row's softmax is finite unless a score is NaN, and a NaN
+// score reaches the row's sum through its own P = 2^(NaN - m) anyway.
 template <class A, class Sees>
-void nan_rows(const A* Sc, Index lds, Index n, Index tk, const A* qs, Index D, A* rmax, Sees&& sees) {
+void nan_rows(const A* Sc, Index lds, Index n, Index tk, const A* qs, Index D, A* rmax, Sees&& sees,
+              bool capped = false) {
   constexpr A kNegInf = -std::numeric_limits<A>::infinity();
   for (Index i = 0; i < n; ++i) {
     bool nan = false;
     if (rmax[i] == kNegInf)
       for (Index j = 0; j < tk && !nan; ++j) nan = Sc[i * lds + j] != kNegInf;
-    if (!nan && !std::isnan(rmax[i]))
+    if (!nan && !capped && !std::isnan(rmax[i]))
       for (Index d = 0; d < D; ++d)
         if (!std::isfinite(qs[i * D + d])) {
           for (Index j = 0; j < tk && !nan; ++j) nan = sees(i, j);
@@ -66,10 +69,13 @@ void visible_accumulate(const A* P, Index n, Index ldp, Index tk, const A* V, In
 // pairs only: dV += P^T dO, dS = scale P o (dO V^T - delta), dQ += dS K, dK += dS^T Q. The visible
 // probabilities of a row whose forward went non-finite (l not finite) are NaN, as its softmax is.
 // P and dS are n x tk tiles of row stride ld; VT is V^T (row stride ld), the others rows of stride
-// ldd (dQ, dK, dV: D).
+// ldd (dQ, dK, dV: D). With soft-capping (capped), dS holds the cap's derivative 1 - tanh^2 on entry
+// and each dS takes it as factor: 0 for an infinite score, so that its key (or query) gets
+// 0 * inf = NaN in dK (dQ) from this pair, as torch's autograd gives.
 template <class A, class Sees>
 void visible_backward(A* P, A* dS, Index n, Index tk, Index ld, const A* dO, const A* Q, const A* K, const A* VT,
-                      Index ldd, Index D, const A* l, const A* delta, A scale, A* dq, A* dk, A* dv, Sees&& sees) {
+                      Index ldd, Index D, const A* l, const A* delta, A scale, bool capped, A* dq, A* dk, A* dv,
+                      Sees&& sees) {
   for (Index i = 0; i < n; ++i) {
     const bool nan_row = !std::isfinite(l[i]);
     for (Index j = 0; j < tk; ++j) {
@@ -81,7 +87,8 @@ void visible_backward(A* P, A* dS, Index n, Index tk, Index ld, const A* dO, con
       if (nan_row) p = std::numeric_limits<A>::quiet_NaN();
       A dp = 0;
       for (Index d = 0; d < D; ++d) dp = std::fma(dO[i * ldd + d], VT[d * ld + j], dp);
-      dS[i * ld + j] = scale * p * (dp - delta[i]);
+      const A f = capped ? dS[i * ld + j] : A(1);
+      dS[i * ld + j] = scale * p * (dp - delta[i]) * f;
     }
   }
   for (Index i = 0; i < n; ++i)

@@ -25,6 +25,7 @@ pairs by the non-finite values (0 * NaN = NaN), so its pattern depends on how th
 """
 
 import argparse
+import itertools
 import math
 import os
 import signal
@@ -75,6 +76,7 @@ def worker():
     B, S, H, HKV, D = 2, 19, 6, 2, 8
     G = H // HKV
     scale = 1.0 / math.sqrt(D)
+    CAPS = (None, 1.5)  # without and with soft-capping (scores are about N(0, 1))
     TOL = {torch.float64: 1e-10, torch.bfloat16: 3e-4}
     TOL_GRAD = {torch.float64: 1e-10, torch.bfloat16: 2.0 ** -8 + 3e-4}
     # (tensor, index [b, position, head, d], value): positions hit the first, middle and last shards
@@ -102,7 +104,13 @@ def worker():
         t[name][idx] = val
         return {n: x.to(dtype).double() for n, x in t.items()}  # the values ringattn sees
 
-    def per_row_reference(t, causal):
+    def capped(s, cap):  # soft-capping, s -> cap tanh(s / cap): it takes an infinite score to +-cap
+        return s if cap is None else cap * torch.tanh(s / cap)
+
+    def cap_tag(cap):
+        return "" if cap is None else f"softcap={cap:g}"
+
+    def per_row_reference(t, causal, cap):
         """Each row's softmax over its visible keys only (autograd float64)."""
         q, k, v = (t[n].clone().requires_grad_(True) for n in ("q", "k", "v"))
         kk, vv = k.repeat_interleave(G, dim=2), v.repeat_interleave(G, dim=2)
@@ -110,18 +118,18 @@ def worker():
         o_rows, lse_rows = [], []
         for i in range(S):
             idx = vis[i].nonzero().flatten()
-            s = torch.einsum("bhd,bjhd->bhj", q[:, i], kk[:, idx]) * scale
+            s = capped(torch.einsum("bhd,bjhd->bhj", q[:, i], kk[:, idx]) * scale, cap)
             o_rows.append(torch.einsum("bhj,bjhd->bhd", torch.softmax(s, dim=-1), vv[:, idx]))
             lse_rows.append(torch.logsumexp(s, dim=-1))
         o, lse = torch.stack(o_rows, dim=1), torch.stack(lse_rows, dim=2)
         torch.autograd.backward(o, t["dout"])
         return {"o": o.detach(), "lse": lse.detach(), "dq": q.grad, "dk": k.grad, "dv": v.grad}
 
-    def dense_reference(t, causal):
+    def dense_reference(t, causal, cap):
         """softmax(scale q k^T masked_fill -inf) v over the whole [S, S] score matrix."""
         q, k, v = (t[n].clone().requires_grad_(True) for n in ("q", "k", "v"))
         kk, vv = k.repeat_interleave(G, dim=2), v.repeat_interleave(G, dim=2)
-        s = torch.einsum("bihd,bjhd->bhij", q, kk) * scale
+        s = capped(torch.einsum("bihd,bjhd->bhij", q, kk) * scale, cap)
         s = s.masked_fill(~visible(causal), float("-inf"))
         o = torch.einsum("bhij,bjhd->bihd", torch.softmax(s, dim=-1), vv)
         torch.autograd.backward(o, t["dout"])
@@ -136,72 +144,68 @@ def worker():
         if rank == 0:
             print(f"{'ok ' if ok else 'BAD'} N={N} {line}", flush=True)
 
-    # The references, once per (dtype, mask, planted value); rank 0 checks them against the dense form.
+    # The references, once per (dtype, mask, cap, planted value); rank 0 checks them against the dense form.
     refs = {}
-    for dtype in (torch.float64, torch.bfloat16):
-        for causal in (False, True):
-            for plant in PLANT:
-                t = inputs(dtype, plant)
-                ref = per_row_reference(t, causal)
-                refs[dtype, causal, plant] = (t, ref)
-                if rank != 0 or N != 1:
-                    continue
-                dense = dense_reference(t, causal)
-                notes = []
-                for n in ref:
-                    rf, df = torch.isfinite(ref[n]), torch.isfinite(dense[n])
-                    if not causal:  # no mask: the same computation, the same pattern and values
-                        same = torch.equal(rf, df) and torch.allclose(ref[n][rf], dense[n][rf], rtol=0, atol=1e-12)
-                        if not same:
-                            notes.append(f"{n} differs from the dense autograd")
-                    elif bool((~rf & df).any()):  # with a mask, dense must contain the reference's pattern
-                        notes.append(f"{n}: the dense autograd is finite where the reference is not")
-                has_nonfinite = any(not bool(torch.isfinite(ref[n]).all()) for n in ref)
-                has_finite = any(bool(torch.isfinite(ref[n]).any()) for n in ("o", "dq"))
-                if not (has_nonfinite and has_finite):
-                    notes.append("the planted value leaves nothing (or everything) non-finite")
-                report(not notes, f"reference {plant:12s} {'causal' if causal else 'full':6s} "
-                                  f"{str(dtype)[6:]:8s} against the dense form" + (": " + "; ".join(notes) if notes else ""))
+    for dtype, causal, cap, plant in itertools.product((torch.float64, torch.bfloat16), (False, True), CAPS, PLANT):
+        t = inputs(dtype, plant)
+        ref = per_row_reference(t, causal, cap)
+        refs[dtype, causal, cap, plant] = (t, ref)
+        if rank != 0 or N != 1:
+            continue
+        dense = dense_reference(t, causal, cap)
+        notes = []
+        for n in ref:
+            rf, df = torch.isfinite(ref[n]), torch.isfinite(dense[n])
+            if not causal:  # no mask: the same computation, the same pattern and values
+                same = torch.equal(rf, df) and torch.allclose(ref[n][rf], dense[n][rf], rtol=0, atol=1e-12)
+                if not same:
+                    notes.append(f"{n} differs from the dense autograd")
+            elif bool((~rf & df).any()):  # with a mask, dense must contain the reference's pattern
+                notes.append(f"{n}: the dense autograd is finite where the reference is not")
+        has_nonfinite = any(not bool(torch.isfinite(ref[n]).all()) for n in ref)
+        has_finite = any(bool(torch.isfinite(ref[n]).any()) for n in ("o", "dq"))
+        if not (has_nonfinite and has_finite):
+            notes.append("the planted value leaves nothing (or everything) non-finite")
+        report(not notes, f"reference {plant:12s} {'causal' if causal else 'full':6s} {cap_tag(cap):10s} "
+                          f"{str(dtype)[6:]:8s} against the dense form" + (": " + "; ".join(notes) if notes else ""))
 
     # ulysses splits the H heads over the N ranks; usp (groups of U = 2 joined by a ring) from N = 4
     strategies = [("ring", None)] + ([("ulysses", None)] if H % N == 0 else []) + ([("usp", 2)] if N == 4 else [])
     for strategy, U in strategies:
-        for dtype in (torch.float64, torch.bfloat16):
-            for layout in ("contiguous", "zigzag"):
-                for causal in (False, True):
-                    for plant in PLANT:
-                        t, ref = refs[dtype, causal, plant]
-                        pos = torch.from_numpy(ringattn.positions(S, N, rank, layout))
-                        q, k, v = (t[n][:, pos].to(dtype).requires_grad_(True) for n in ("q", "k", "v"))
-                        o, lse = ringattn.attention_lse(q, k, v, seq_len=S, causal=causal, layout=layout,
-                                                        strategy=strategy, ulysses_degree=U, comm=comm,
-                                                        out_dtype=torch.float32 if dtype == torch.bfloat16 else None)
-                        torch.autograd.backward(o, t["dout"][:, pos].to(o.dtype))
-                        ours = {"o": o.detach(), "lse": lse.detach(), "dq": q.grad, "dk": k.grad, "dv": v.grad}
-                        mine = {"o": ref["o"][:, pos], "lse": ref["lse"][:, :, pos], "dq": ref["dq"][:, pos],
-                                "dk": ref["dk"][:, pos], "dv": ref["dv"][:, pos]}
-                        bad = []
-                        for n in ours:
-                            x, r = ours[n].double(), mine[n]
-                            xf, rf = torch.isfinite(x), torch.isfinite(r)
-                            missed, extra = int((xf & ~rf).sum()), int((~xf & rf).sum())
-                            if missed or extra:
-                                zeros = int(((x == 0) & ~rf).sum())
-                                bad.append(f"{n}: {missed} finite where the reference is not ({zeros} of them 0), "
-                                           f"{extra} non-finite where it is finite")
-                                continue
-                            ref_fin = r[rf]
-                            peak = float(ref_fin.abs().max()) if ref_fin.numel() else 0.0
-                            err = float((x[rf] - ref_fin).abs().max()) if ref_fin.numel() else 0.0
-                            tol = TOL[dtype] if n in ("o", "lse") else TOL_GRAD[dtype]
-                            if err > tol * max(peak, 1e-300):
-                                bad.append(f"{n}: finite error {err / max(peak, 1e-300):.3g} > {tol:.1e}")
-                        bad_all = comm.allgather(bad)
-                        ok = not any(bad_all)
-                        first = next((b for b in bad_all if b), [])
-                        tag = f"{strategy}{f' U={U}' if U else ''}"
-                        report(ok, f"{tag:9s} {str(dtype)[6:]:8s} {layout:10s} {'causal' if causal else 'full':6s} "
-                                   f"{plant:12s}" + ("" if ok else "  " + "; ".join(first)))
+        for dtype, layout, causal, cap, plant in itertools.product(
+                (torch.float64, torch.bfloat16), ("contiguous", "zigzag"), (False, True), CAPS, PLANT):
+            t, ref = refs[dtype, causal, cap, plant]
+            pos = torch.from_numpy(ringattn.positions(S, N, rank, layout))
+            q, k, v = (t[n][:, pos].to(dtype).requires_grad_(True) for n in ("q", "k", "v"))
+            o, lse = ringattn.attention_lse(q, k, v, seq_len=S, causal=causal, layout=layout,
+                                            strategy=strategy, ulysses_degree=U, comm=comm, softcap=cap,
+                                            out_dtype=torch.float32 if dtype == torch.bfloat16 else None)
+            torch.autograd.backward(o, t["dout"][:, pos].to(o.dtype))
+            ours = {"o": o.detach(), "lse": lse.detach(), "dq": q.grad, "dk": k.grad, "dv": v.grad}
+            mine = {"o": ref["o"][:, pos], "lse": ref["lse"][:, :, pos], "dq": ref["dq"][:, pos],
+                    "dk": ref["dk"][:, pos], "dv": ref["dv"][:, pos]}
+            bad = []
+            for n in ours:
+                x, r = ours[n].double(), mine[n]
+                xf, rf = torch.isfinite(x), torch.isfinite(r)
+                missed, extra = int((xf & ~rf).sum()), int((~xf & rf).sum())
+                if missed or extra:
+                    zeros = int(((x == 0) & ~rf).sum())
+                    bad.append(f"{n}: {missed} finite where the reference is not ({zeros} of them 0), "
+                               f"{extra} non-finite where it is finite")
+                    continue
+                ref_fin = r[rf]
+                peak = float(ref_fin.abs().max()) if ref_fin.numel() else 0.0
+                err = float((x[rf] - ref_fin).abs().max()) if ref_fin.numel() else 0.0
+                tol = TOL[dtype] if n in ("o", "lse") else TOL_GRAD[dtype]
+                if err > tol * max(peak, 1e-300):
+                    bad.append(f"{n}: finite error {err / max(peak, 1e-300):.3g} > {tol:.1e}")
+            bad_all = comm.allgather(bad)
+            ok = not any(bad_all)
+            first = next((b for b in bad_all if b), [])
+            tag = f"{strategy}{f' U={U}' if U else ''}"
+            report(ok, f"{tag:9s} {str(dtype)[6:]:8s} {layout:10s} {'causal' if causal else 'full':6s} "
+                       f"{cap_tag(cap):10s} {plant:12s}" + ("" if ok else "  " + "; ".join(first)))
     ok_all = comm.allreduce(int(ok_all), op=MPI.MIN) == 1
     if rank == 0:
         print(f"N={N}: {'all cases passed' if ok_all else 'FAILED'}", flush=True)

@@ -270,7 +270,9 @@ void expect_matches_reference(double tol, const std::vector<Case>& all = cases()
     EXPECT_LE(rel(got.dq, ref.dq), tol);
     EXPECT_LE(rel(got.dk, ref.dk), tol);
     EXPECT_LE(rel(got.dv, ref.dv), tol);
-    if (extras) EXPECT_LE(rel(got.dsinks, ref.dsinks), tol);
+    if (extras) {
+      EXPECT_LE(rel(got.dsinks, ref.dsinks), tol);
+    }
   }
 }
 
@@ -587,7 +589,9 @@ namespace {
 // The definition, independent of the kernels and of reference.cpp: for each (b, h, i) the visible
 // keys' scores, softmax(s) = exp(s - max s) / sum (NaN when a score is NaN, as torch's), O = P V; the
 // backward as autograd takes it through softmax: dS = P o (dP - sum_j P_j dP_j), dP_j = dO . V_j.
-DenseResult visible_keys_reference(const Global& g, const Mask& mask, double scale) {
+// With softcap c > 0 the scores are s -> c tanh(s / c) (an infinite score becomes +-c) and dS takes
+// the factor 1 - tanh^2, which is 0 for an infinite score: 0 times the infinite q or k is then NaN.
+DenseResult visible_keys_reference(const Global& g, const Mask& mask, double scale, double softcap = 0) {
   const Shape& s = g.s;
   const Index B = s.B, S = s.S, H = s.H, HKV = s.HKV, D = s.D, G = s.G();
   const double inf = std::numeric_limits<double>::infinity();
@@ -607,13 +611,18 @@ DenseResult visible_keys_reference(const Global& g, const Mask& mask, double sca
         for (Index j = 0; j < S; ++j)
           if (mask.visible(i, j)) keys.push_back(j);
         if (keys.empty()) continue;
-        std::vector<double> p(keys.size()), dp(keys.size());
+        std::vector<double> p(keys.size()), dp(keys.size()), capd(keys.size(), 1.0);
         double mx = -inf;
         bool nan = false;
         for (std::size_t n = 0; n < keys.size(); ++n) {
           double dot = 0;
           for (Index d = 0; d < D; ++d) dot += q[d] * kv(g.k, keys[n])[d];
           p[n] = dot * scale;
+          if (softcap > 0) {
+            const double t = std::tanh(p[n] / softcap);
+            p[n] = softcap * t;
+            capd[n] = 1 - t * t;
+          }
           nan |= std::isnan(p[n]);
           mx = std::max(mx, p[n]);
         }
@@ -634,7 +643,7 @@ DenseResult visible_keys_reference(const Global& g, const Mask& mask, double sca
         }
         for (std::size_t n = 0; n < keys.size(); ++n) {
           const Index j = keys[n], kvo = ((b * S + j) * HKV + h / G) * D;
-          const double ds = p[n] * (dp[n] - pdp);
+          const double ds = p[n] * (dp[n] - pdp) * capd[n];
           for (Index d = 0; d < D; ++d) {
             r.dq[((b * S + i) * H + h) * D + d] += scale * ds * g.k[kvo + d];
             r.dk[kvo + d] += scale * ds * q[d];
@@ -721,21 +730,25 @@ std::vector<Case> nonfinite_cases() {
   };
 }
 
+// Without and with soft-capping (the random scores are about N(0, 1), so a cap of 1.5 bends many).
+constexpr double kCaps[] = {0.0, 1.5};
+
 // Every planted value through the serial ring on every target, against the definition.
 template <class T>
 void expect_nonfinite_pattern(double tol) {
   for (const Case& c : nonfinite_cases())
-    for (const Plant& p : plants(c.s)) {
-      SCOPED_TRACE(std::string(c.name) + ", " + p.name);
-      Global g = random_inputs(c.s, 17);
-      for (auto* t : {&g.q, &g.k, &g.v, &g.dout})  // the values the kernels see
-        for (double& x : *t) x = value_cast<double>(value_cast<T>(x));
-      plant(g, p);
-      const double scale = 1.0 / std::sqrt(double(c.s.D));
-      const DenseResult ref = visible_keys_reference(g, c.mask, scale);
-      const DenseResult got = simulate_ring<T>(g, c.layout, c.mask, scale, c.tiling);
-      expect_result_pattern(got, ref, tol);
-    }
+    for (const Plant& p : plants(c.s))
+      for (double cap : kCaps) {
+        SCOPED_TRACE(std::string(c.name) + ", " + p.name + ", softcap " + std::to_string(cap));
+        Global g = random_inputs(c.s, 17);
+        for (auto* t : {&g.q, &g.k, &g.v, &g.dout})  // the values the kernels see
+          for (double& x : *t) x = value_cast<double>(value_cast<T>(x));
+        plant(g, p);
+        const double scale = 1.0 / std::sqrt(double(c.s.D));
+        const DenseResult ref = visible_keys_reference(g, c.mask, scale, cap);
+        const DenseResult got = simulate_ring<T>(g, c.layout, c.mask, scale, c.tiling, AttentionExtras{cap, {}, {}});
+        expect_result_pattern(got, ref, tol);
+      }
 }
 
 }  // namespace
@@ -744,24 +757,28 @@ void expect_nonfinite_pattern(double tol) {
 // pattern would not tell), and the dense references of reference.cpp (--check's) follow the definition.
 TEST(NonFinite, ReferencesFollowTheDefinition) {
   for (const Case& c : nonfinite_cases())
-    for (const Plant& p : plants(c.s)) {
-      SCOPED_TRACE(std::string(c.name) + ", " + p.name);
-      Global g = random_inputs(c.s, 17);
-      plant(g, p);
-      const double scale = 1.0 / std::sqrt(double(c.s.D));
-      const DenseResult ref = visible_keys_reference(g, c.mask, scale);
-      Index finite = 0, nonfinite = 0;
-      for (const auto* t : {&ref.o, &ref.lse, &ref.dq, &ref.dk, &ref.dv})
-        for (double x : *t) ++(std::isfinite(x) ? finite : nonfinite);
-      EXPECT_GT(nonfinite, 0);
-      // a NaN in the key every row sees leaves nothing finite when there is one batch
-      const bool everything = p.tensor == 'k' && p.pos == 0 && c.s.B == 1 && !c.mask.has_docs() && !c.mask.window();
-      if (!everything) {
-        EXPECT_GT(finite, 0);
+    for (const Plant& p : plants(c.s))
+      for (double cap : kCaps) {
+        SCOPED_TRACE(std::string(c.name) + ", " + p.name + ", softcap " + std::to_string(cap));
+        Global g = random_inputs(c.s, 17);
+        plant(g, p);
+        const double scale = 1.0 / std::sqrt(double(c.s.D));
+        const AttentionExtras extras{cap, {}, {}};
+        const DenseResult ref = visible_keys_reference(g, c.mask, scale, cap);
+        Index finite = 0, nonfinite = 0;
+        for (const auto* t : {&ref.o, &ref.lse, &ref.dq, &ref.dk, &ref.dv})
+          for (double x : *t) ++(std::isfinite(x) ? finite : nonfinite);
+        EXPECT_GT(nonfinite, 0);
+        // a NaN in the key every row sees leaves nothing finite when there is one batch
+        const bool everything = p.tensor == 'k' && p.pos == 0 && c.s.B == 1 && !c.mask.has_docs() && !c.mask.window();
+        if (!everything) {
+          EXPECT_GT(finite, 0);
+        }
+        const DenseResult gemm = reference_attention(c.s, c.mask, scale, g.q, g.k, g.v, g.dout, true, extras);
+        const DenseResult loops = reference_attention_loops(c.s, c.mask, scale, g.q, g.k, g.v, g.dout, true, extras);
+        expect_result_pattern(gemm, ref, 1e-12);
+        expect_result_pattern(loops, ref, 1e-12);
       }
-      expect_result_pattern(reference_attention(c.s, c.mask, scale, g.q, g.k, g.v, g.dout), ref, 1e-12);
-      expect_result_pattern(reference_attention_loops(c.s, c.mask, scale, g.q, g.k, g.v, g.dout), ref, 1e-12);
-    }
 }
 
 TEST(NonFinite, PropagateAsInTorchFloat64) {
