@@ -35,7 +35,7 @@ class KVCache {
  public:
   KVCache(py::object comm, Index batch, Index heads, Index kv_heads, Index head_dim, std::string dtype,
           std::string layout, std::optional<Index> window, std::optional<double> scale, std::optional<Index> capacity,
-          std::optional<double> timeout) {
+          std::optional<double> timeout, std::string merge) {
     MPI_Comm* handle = PyMPIComm_Get(comm.ptr());
     if (!handle) throw py::error_already_set();
     const MPI_Comm mpi = *handle;
@@ -52,6 +52,7 @@ class KVCache {
     o.scale = scale;
     o.capacity = capacity;
     o.timeout_s = timeout;
+    o.merge = merge;
     const auto& names = ringattn::runtime::python_names();
     ringattn::core::DType t = ringattn::core::DType::f32;
     ringattn::runtime::agreed(*comm_, [&] { t = ringattn::runtime::parse_dtype(dtype, names); });
@@ -106,7 +107,7 @@ void bind_kv_cache(py::module_& m) {
   if (import_mpi4py() < 0) throw py::error_already_set();
   py::class_<KVCache>(m, "KVCache")
       .def(py::init<py::object, Index, Index, Index, Index, std::string, std::string, std::optional<Index>,
-                    std::optional<double>, std::optional<Index>, std::optional<double>>())
+                    std::optional<double>, std::optional<Index>, std::optional<double>, std::string>())
       .def("positions", &KVCache::positions)
       .def("prefill", &KVCache::prefill)
       .def("decode", &KVCache::decode)

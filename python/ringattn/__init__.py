@@ -407,15 +407,17 @@ class KVCache:
       returns this rank's O [B, L, H, D] (and LSE [B, H, L] with return_lse=True); K/V stay here.
     decode(q, k, v): every rank passes the same T new tokens (q [B, T, H, D], k, v [B, T, HKV, D]);
       their K/V go to the ranks that own their positions, every rank attends the T queries to its
-      shard, and one all-reduce (fixed order) merges the partial softmax states in float32 or float64: every rank
+      shard, and one collective merges the partial softmax states in float32 or float64: every rank
       returns the same O [B, T, H, D], bit for bit (and LSE [B, H, T] with return_lse=True).
+    merge: "allreduce" (the default: recursive doubling with fixed partners) or "gather" (one
+      all-gather, the states merged in rank order); the same choice as `ringattn decode --merge`.
     O is computed in float64 for a float64 cache and float32 otherwise, and returned in the cache's
     dtype (rounded once, as attention() does) or in out_dtype; LSE stays float64 or float32. No
     autograd: this is inference.
     """
 
     def __init__(self, batch, heads, kv_heads, head_dim, *, dtype=torch.float32, layout="auto", window=None,
-                 scale=None, capacity=None, comm=None, timeout=None, out_dtype=None):
+                 scale=None, capacity=None, comm=None, timeout=None, out_dtype=None, merge="allreduce"):
         if comm is None:
             comm = MPI.COMM_WORLD
         if not isinstance(comm, MPI.Comm):
@@ -429,7 +431,8 @@ class KVCache:
                        _int("head_dim", head_dim))
         self._c = _KVCache(comm, *self._shape, _STORAGE[_TORCH_NAME[dtype]], _name("layout", layout),
                                     _int_or_none("window", window), _number_or_none("scale", scale),
-                                    _int_or_none("capacity", capacity), _number_or_none("timeout", timeout))
+                                    _int_or_none("capacity", capacity), _number_or_none("timeout", timeout),
+                                    _name("merge", merge))
         self._comm = comm
 
     def positions(self, prompt_len):

@@ -48,7 +48,7 @@ void check_against_reference(comm::Comm comm, const AttentionOptions& opt) {
   att.backward(local_slice<double>(dout, s.B, s.H * s.D, l, r));
   const Index L = att.local_size();
   std::vector<double> o(s.B * L * s.H * s.D), dq(o.size()), dk(s.B * L * s.HKV * s.D), dv(dk.size());
-  att.outputs(Outputs<double>{o, {}, dq, dk, dv});
+  att.outputs(Outputs<double>{o, {}, dq, dk, dv, {}});
   const core::DenseResult ref =
       opt.rope_theta ? core::reference_attention_rope(s, att.mask(), att.scale(), *opt.rope_theta, q, k, v, dout)
                      : core::reference_attention(s, att.mask(), att.scale(), q, k, v, dout);

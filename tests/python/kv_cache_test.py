@@ -9,9 +9,9 @@ every rank). The prompt's O and LSE of its positions, and every step's O and LSE
 rows of dense causal (windowed) attention computed here in float64: f64 within 1e-10, f32 3e-4 of
 max |ref| (a bf16 cache's O asked for in float32 with out_dtype); every rank's decode O must be bit
 for bit the same. A bf16 cache returns O in bf16 by default: the float32 O rounded once, bit for
-bit as torch's .to() rounds it. Then the bad calls: T = 0, a step
-whose q differs on one rank, a cache over its capacity, a dtype that is not the cache's, each one
-error on every rank.
+bit as torch's .to() rounds it. The merge by all-gather (merge="gather") is held to the same.
+Then the bad calls: T = 0, a step whose q differs on one rank, a merge that is not one, a cache over
+its capacity, a dtype that is not the cache's, each one error on every rank.
 """
 import sys
 
@@ -37,12 +37,12 @@ def reference(q, k, v, window):
     return torch.einsum("bhij,bjhd->bihd", torch.softmax(s, -1), v), torch.logsumexp(s, -1)
 
 
-def case(name, dtype, S0, T, K, B=2, H=4, HKV=2, D=8, window=None, layout="auto"):
+def case(name, dtype, S0, T, K, B=2, H=4, HKV=2, D=8, window=None, layout="auto", merge="allreduce"):
     S = S0 + K * T
     g = torch.Generator().manual_seed(S0 * 7 + T)
     q, k, v = (torch.randn(B, S, h, D, generator=g, dtype=torch.float64).to(dtype) for h in (H, HKV, HKV))
     o_ref, lse_ref = reference(q.double(), k.double(), v.double(), window)
-    cache = ringattn.KVCache(B, H, HKV, D, dtype=dtype, layout=layout, window=window, capacity=S,
+    cache = ringattn.KVCache(B, H, HKV, D, dtype=dtype, layout=layout, window=window, capacity=S, merge=merge,
                              out_dtype=torch.float64 if dtype == torch.float64 else torch.float32)
     pos = cache.positions(S0)
     o, lse = cache.prefill(q[:, pos], k[:, pos], v[:, pos], return_lse=True)
@@ -101,6 +101,7 @@ def main():
     good = [case("f64 GQA, T=4, zigzag", torch.float64, 37, 4, 3),
             case("f32 window 6, T=1, striped", torch.float32, 29, 1, 5, window=6, layout="striped"),
             case("bf16, T=2, contiguous", torch.bfloat16, 24, 2, 2, layout="contiguous"),
+            case("f64 merged by gather, T=2", torch.float64, 21, 2, 3, merge="gather"),
             rounding("bf16 O", torch.bfloat16), rounding("f16 O", torch.float16)]
     cache = ringattn.KVCache(1, 2, 1, 8, dtype=torch.float64, capacity=12)
     pos = cache.positions(10)
@@ -112,6 +113,7 @@ def main():
              raises("q differs on one rank", lambda: cache.decode(t(1, 2) * (2 if RANK == N - 1 else 1), t(1, 1),
                                                                   t(1, 1)), "different q, k or v")
              if N > 1 else True,
+             raises("merge", lambda: ringattn.KVCache(1, 2, 1, 8, merge="tree"), "merge: 'tree' is not a merge"),
              raises("over capacity", lambda: cache.decode(t(3, 2), t(3, 1), t(3, 1)), "capacity"),
              raises("another dtype", lambda: cache.decode(t(1, 2, torch.float32), t(1, 1, torch.float32),
                                                           t(1, 1, torch.float32)), "dtype")]

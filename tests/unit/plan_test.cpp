@@ -220,3 +220,19 @@ TEST(Plan, SoftcapZeroIsNoneAndANegativeOneIsRefused) {
   o.softcap = INFINITY;
   expect_refused(o, 1, Option::softcap, "--softcap: inf is not a cap");
 }
+
+// The KV cache's merge is one of two names, refused in each front end's words.
+TEST(Plan, MergeIsAllreduceOrGather) {
+  EXPECT_NO_THROW(check_merge("allreduce", cli_names()));
+  EXPECT_NO_THROW(check_merge("gather", python_names()));
+  for (const auto& [names, prefix] : {std::pair{&cli_names(), "--merge: 'tree'"}, std::pair{&cpp_names(), "merge: 'tree'"},
+                                      std::pair{&python_names(), "merge: 'tree'"}}) {
+    try {
+      check_merge("tree", *names);
+      ADD_FAILURE() << "tree accepted";
+    } catch (const OptionError& e) {
+      EXPECT_EQ(int(e.option), int(Option::merge));
+      EXPECT_EQ(std::string(e.what()).rfind(prefix, 0), 0u) << e.what();
+    }
+  }
+}

@@ -30,6 +30,7 @@ namespace ringattn::runtime {
 enum class Option {
   seq, batch, heads, kv_heads, head_dim, dtype, causal, window, doc_lens, layout, partition, scale, rope,
   strategy, ulysses_degree, timeout, tile_q, tile_k, tile_strip, traffic, kv_head_group, softcap, sinks, cu_seqlens,
+  merge, capacity,  // the KV cache's (decode)
   count
 };
 inline constexpr std::size_t kOptions = static_cast<std::size_t>(Option::count);
@@ -141,6 +142,9 @@ double default_timeout(const core::Shape& s, Index largest_shard, bool backward,
 // Sink logits for H query heads: one per head, each a number or -inf (no sink for that head), and
 // within float32's range for a @dtype other than f64. OptionError(sinks) otherwise.
 void check_sinks(std::span<const double> sinks, Index H, core::DType dtype, const OptionNames& names);
+
+// The KV cache's merge of partial states, `name`: allreduce or gather; OptionError(merge) otherwise.
+void check_merge(const std::string& name, const OptionNames& names);
 
 // The strategy's setup for this plan; it points into `p`, which must outlive the strategy.
 StrategySetup strategy_setup(const AttentionPlan& p);

@@ -115,9 +115,9 @@ KVCacheShard<S>::KVCacheShard(const comm::Comm& comm, const KVCacheOptions& o, c
     throw InputError(fmt::format("KVCache: built for {} storage, not {}", core::dtype_name(core::dtype_of<S>()),
                                  core::dtype_name(plan.dtype)));
   if (o.capacity && *o.capacity < 1)
-    throw InputError(fmt::format("capacity: {} is not a number of positions (expected >= 1)", *o.capacity));
-  if (o.merge != "gather" && o.merge != "allreduce")
-    throw InputError(fmt::format("merge: '{}' is not a merge (expected gather or allreduce)", o.merge));
+    throw OptionError(Option::capacity, names.render(fmt::format("@capacity: {} is not a number of positions "
+                                                                 "(expected >= 1)", *o.capacity)));
+  check_merge(o.merge, names);
   s_ = plan.shape;
   scale_ = plan.scale;
   mask_ = core::Mask::make(1, true, o.window.value_or(0), {});

@@ -24,11 +24,14 @@ namespace {
 constexpr std::array<const char*, kOptions> kTokens = {
     "seq",  "batch",    "heads", "kv_heads", "head_dim",       "dtype",   "causal", "window", "doc_lens", "layout",
     "partition", "scale", "rope", "strategy", "ulysses_degree", "timeout", "tile_q", "tile_k", "tile_strip", "traffic",
-    "kv_head_group", "softcap", "sinks", "cu_seqlens"};
+    "kv_head_group", "softcap", "sinks", "cu_seqlens", "merge", "capacity"};
 
 std::string join(std::span<const Index> v) {
   std::string s;
-  for (std::size_t i = 0; i < v.size(); ++i) s += (i ? "," : "") + std::to_string(v[i]);
+  for (std::size_t i = 0; i < v.size(); ++i) {
+    if (i) s += ',';
+    s += std::to_string(v[i]);
+  }
   return s;
 }
 
@@ -256,11 +259,13 @@ std::string OptionNames::render(std::string_view text) const {
 }
 
 const OptionNames& cli_names() {
-  // The command line has no cu_seqlens (--doc-lens says the same).
+  // The command line has no cu_seqlens (--doc-lens says the same) and no capacity (decode sizes its cache
+  // from --cache-len, --steps and --new-tokens).
   static const OptionNames n{{"--seq", "--batch", "--heads", "--kv-heads", "--head-dim", "--dtype", "--causal",
                               "--window", "--doc-lens", "--layout", "--partition", "--scale", "--rope", "--strategy",
                               "--ulysses-degree", "--timeout", "--tile-q", "--tile-k", "--tile-strip", "--traffic",
-                              "--kv-head-group", "--softcap", "--sinks", "cu_seqlens"}};
+                              "--kv-head-group", "--softcap", "--sinks", "cu_seqlens", "--merge",
+                              "capacity"}};
   return n;
 }
 
@@ -268,7 +273,7 @@ const OptionNames& cpp_names() {
   static const OptionNames n{{"shape.S", "shape.B", "shape.H", "shape.HKV", "shape.D", "dtype", "causal", "window",
                               "doc_lens", "layout", "partition", "scale", "rope_theta", "strategy", "ulysses_degree",
                               "timeout_s", "tiling.q_rows", "tiling.k_cols", "tiling.strip_rows", "traffic",
-                              "kv_head_group", "softcap", "sinks", "cu_seqlens"}};
+                              "kv_head_group", "softcap", "sinks", "cu_seqlens", "merge", "capacity"}};
   return n;
 }
 
@@ -277,8 +282,13 @@ const OptionNames& python_names() {
   static const OptionNames n{{"seq_len", "q's B", "q's H", "k's HKV", "q's D", "dtype", "causal", "window",
                               "doc_lens", "layout", "partition", "scale", "rope", "strategy", "ulysses_degree",
                               "timeout", "tile_q", "tile_k", "tile_strip", "traffic", "kv_head_group", "softcap",
-                              "sinks", "cu_seqlens"}};
+                              "sinks", "cu_seqlens", "merge", "capacity"}};
   return n;
+}
+
+void check_merge(const std::string& name, const OptionNames& n) {
+  if (name != "allreduce" && name != "gather")
+    fail(n, Option::merge, fmt::format("@merge: '{}' is not a merge (expected allreduce or gather)", name));
 }
 
 void check_sinks(std::span<const double> sinks, Index H, DType dtype, const OptionNames& n) {
