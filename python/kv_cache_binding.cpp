@@ -63,7 +63,7 @@ class KVCache {
       });
       shard_ = std::move(c);
     });
-    comm_->set_timeout(timeout.value_or(300));
+    comm_->set_timeout(ringattn::runtime::prompt_timeout(o, 1, comm_->size()));
   }
 
   std::vector<Index> positions(Index prompt_len) const {
@@ -73,8 +73,13 @@ class KVCache {
   void prefill(Index prompt_len, std::uintptr_t q, std::uintptr_t k, std::uintptr_t v, std::uintptr_t o,
                std::uintptr_t lse) {
     py::gil_scoped_release unlocked;
-    std::visit([&](auto& c) { c->prefill(prompt_len, ptr(c, q), ptr(c, k), ptr(c, v), out(c, o), out(c, lse)); },
-               shard_);
+    std::visit(
+        [&](auto& c) {
+          // the watchdog for the prompt's forward, which covers the decode steps after it
+          comm_->set_timeout(ringattn::runtime::prompt_timeout(c->options(), prompt_len, comm_->size()));
+          c->prefill(prompt_len, ptr(c, q), ptr(c, k), ptr(c, v), out(c, o), out(c, lse));
+        },
+        shard_);
   }
   // T new tokens, the same on every rank; o [B, T, H, D] and lse [B, H, T].
   void decode(Index T, std::uintptr_t q, std::uintptr_t k, std::uintptr_t v, std::uintptr_t o, std::uintptr_t lse) {

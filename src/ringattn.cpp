@@ -316,4 +316,102 @@ AttentionReport Attention::report() const {
   return r;
 }
 
+// ---- KVCache ----------------------------------------------------------------------------------------
+
+template <class S>
+KVCache<S>::KVCache(comm::Comm comm, const KVCacheOptions& options)
+    : comm_(std::make_unique<comm::Comm>(std::move(comm))) {
+  const auto& names = runtime::cpp_names();
+  agreed_setup(*comm_, "building the KV cache", [&] {
+    const core::DType t = runtime::parse_dtype(options.dtype, names);
+    if (t != core::dtype_of<S>())
+      throw InputError(fmt::format("dtype: '{}' is not this KVCache's storage ({})", options.dtype,
+                                   core::dtype_name(core::dtype_of<S>())));
+  });
+  // The shard's constructor checks the options and agrees on its errors itself.
+  shard_ = std::make_unique<runtime::KVCacheShard<S>>(*comm_, options, names);
+  comm_->set_timeout(runtime::prompt_timeout(options, 1, comm_->size()));
+}
+
+template <class S>
+KVCache<S>::~KVCache() = default;
+template <class S>
+KVCache<S>::KVCache(KVCache&&) noexcept = default;
+template <class S>
+KVCache<S>& KVCache<S>::operator=(KVCache&&) noexcept = default;
+
+template <class S>
+std::vector<Index> KVCache<S>::positions(Index prompt_len) const {
+  return shard_->prompt_positions(prompt_len);
+}
+
+template <class S>
+void KVCache<S>::prefill(Index prompt_len, std::span<const S> q, std::span<const S> k, std::span<const S> v,
+                         std::span<A> o, std::span<A> lse) {
+  const runtime::KVCacheOptions& c = shard_->options();
+  Index L = 0;
+  agreed_setup(*comm_, "checking the prompt", [&] {
+    L = static_cast<Index>(shard_->prompt_positions(prompt_len).size());
+    const std::string what = fmt::format("this rank's {} of {} prompt positions", L, prompt_len);
+    check_size("q", q, c.batch * L * c.heads * c.head_dim, what);
+    check_size("k", k, c.batch * L * c.kv_heads * c.head_dim, what);
+    check_size("v", v, c.batch * L * c.kv_heads * c.head_dim, what);
+    if (!o.empty()) check_size("o", o, c.batch * L * c.heads * c.head_dim, what);
+    if (!lse.empty()) check_size("lse", lse, c.batch * c.heads * L, what);
+  });
+  comm_->set_timeout(runtime::prompt_timeout(c, prompt_len, comm_->size()));
+  shard_->prefill(prompt_len, q.data(), k.data(), v.data(), o.empty() ? nullptr : o.data(),
+                  lse.empty() ? nullptr : lse.data());
+}
+
+template <class S>
+void KVCache<S>::load(Index prompt_len, std::span<const S> k, std::span<const S> v) {
+  const runtime::KVCacheOptions& c = shard_->options();
+  agreed_setup(*comm_, "checking the prompt", [&] {
+    const Index L = static_cast<Index>(shard_->prompt_positions(prompt_len).size());
+    const std::string what = fmt::format("this rank's {} of {} prompt positions", L, prompt_len);
+    check_size("k", k, c.batch * L * c.kv_heads * c.head_dim, what);
+    check_size("v", v, c.batch * L * c.kv_heads * c.head_dim, what);
+  });
+  comm_->set_timeout(runtime::prompt_timeout(c, prompt_len, comm_->size()));
+  shard_->load(prompt_len, k.data(), v.data());
+}
+
+template <class S>
+DecodeStats KVCache<S>::decode(std::span<const S> q, std::span<const S> k, std::span<const S> v, std::span<A> o,
+                               std::span<A> lse) {
+  const runtime::KVCacheOptions& c = shard_->options();
+  const Index row = c.batch * c.heads * c.head_dim;  // q's elements per new token
+  Index T = 0;
+  agreed_setup(*comm_, "checking the new tokens", [&] {
+    if (static_cast<Index>(q.size()) % row != 0)
+      throw InputError(fmt::format("q: {} elements is not a whole number of tokens of B H D = {}", q.size(), row));
+    T = static_cast<Index>(q.size()) / row;
+    const std::string what = fmt::format("T = {} new tokens", T);
+    check_size("k", k, c.batch * T * c.kv_heads * c.head_dim, what);
+    check_size("v", v, c.batch * T * c.kv_heads * c.head_dim, what);
+    check_size("o", o, T * row, what);
+    if (!lse.empty()) check_size("lse", lse, c.batch * c.heads * T, what);
+  });
+  return shard_->decode(T, q.data(), k.data(), v.data(), o.data(), lse.empty() ? nullptr : lse.data());
+}
+
+template <class S>
+Index KVCache<S>::length() const {
+  return shard_->length();
+}
+template <class S>
+Index KVCache<S>::local_positions() const {
+  return shard_->local_positions();
+}
+template <class S>
+Index KVCache<S>::resident_bytes() const {
+  return shard_->resident_bytes();
+}
+
+template class KVCache<float>;
+template class KVCache<double>;
+template class KVCache<core::bf16>;
+template class KVCache<core::f16>;
+
 }  // namespace ringattn

@@ -47,6 +47,7 @@
 #include "ringattn/core/reference.hpp"
 #include "ringattn/core/shape.hpp"
 #include "ringattn/core/storage.hpp"
+#include "ringattn/runtime/kv_cache.hpp"
 #include "ringattn/runtime/plan.hpp"
 
 namespace ringattn {
@@ -150,5 +151,55 @@ class Attention {
   Impl& self() const;  // the state; InputError when moved from
   std::unique_ptr<Impl> impl_;
 };
+
+// ---- inference -------------------------------------------------------------------------------------
+//
+// A KV cache sharded by position over the ranks of a communicator, one per attention layer:
+//   ringattn::KVCacheOptions co;
+//   co.batch = B;  co.heads = H;  co.kv_heads = HKV;  co.head_dim = D;  co.dtype = "bf16";
+//   ringattn::KVCache<ringattn::core::bf16> cache(ringattn::communicator(mpi_comm), co);  // collective
+//   auto pos = cache.positions(S0);          // this rank's prompt positions, increasing
+//   cache.prefill(S0, q, k, v, o, lse);      // its shard of the prompt: q [B, L, H, D], k, v [B, L, HKV, D]
+//   cache.decode(q1, k1, v1, o1, lse1);      // T new tokens, the same on every rank: q1 [B, T, H, D], ...
+// prefill runs the causal ring forward over the prompt (o [B, L, H, D], lse [B, H, L], either may be
+// empty) and keeps its K/V; load() keeps them without attending. decode() appends the new K/V to
+// the ranks that own their positions (round-robin from the prompt's end), attends the T queries
+// (causal among them) to every rank's shard and merges the partial states in one collective
+// (options.merge): every rank gets the same o [B, T, H, D] and lse [B, H, T], bit for bit. o and
+// lse are in the accumulation type. Every call is collective; bad input (a size that does not
+// match, T = 0, tokens that differ between ranks, a cache over its capacity) throws InputError on
+// every rank.
+using KVCacheOptions = runtime::KVCacheOptions;
+using DecodeStats = runtime::DecodeStats;
+
+template <class S>  // float, double, core::bf16 or core::f16: the storage that options.dtype names
+class KVCache {
+ public:
+  using A = core::accum_t<S>;
+  KVCache(comm::Comm comm, const KVCacheOptions& options);
+  ~KVCache();
+  KVCache(KVCache&&) noexcept;
+  KVCache& operator=(KVCache&&) noexcept;
+
+  std::vector<Index> positions(Index prompt_len) const;  // this rank's positions of a prompt
+  void prefill(Index prompt_len, std::span<const S> q, std::span<const S> k, std::span<const S> v,
+               std::span<A> o = {}, std::span<A> lse = {});
+  void load(Index prompt_len, std::span<const S> k, std::span<const S> v);
+  DecodeStats decode(std::span<const S> q, std::span<const S> k, std::span<const S> v, std::span<A> o,
+                     std::span<A> lse = {});
+
+  Index length() const;           // positions in the cache, over all ranks
+  Index local_positions() const;  // those this rank holds
+  Index resident_bytes() const;   // this rank's cache memory
+
+ private:
+  std::unique_ptr<comm::Comm> comm_;  // the shard keeps a reference to it
+  std::unique_ptr<runtime::KVCacheShard<S>> shard_;
+};
+
+extern template class KVCache<float>;
+extern template class KVCache<double>;
+extern template class KVCache<core::bf16>;
+extern template class KVCache<core::f16>;
 
 }  // namespace ringattn

@@ -2,7 +2,10 @@
 // reference, and every misuse raising the same InputError on every rank instead of hanging.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <string>
+#include <vector>
 
 #include "mpi_test_util.hpp"
 #include "ringattn/core/layer_reference.hpp"
@@ -149,6 +152,116 @@ TEST(LibraryApi, AMovedFromAttentionThrowsInsteadOfCrashing) {
   EXPECT_EQ(caught([&] { (void)from.local_size(); }), msg);
   EXPECT_EQ(caught([&] { (void)from.report(); }), msg);
   EXPECT_EQ(to.local_size(), to.layout().size(to.rank()));  // the plan moved whole
+}
+
+}  // namespace
+}  // namespace ringattn
+
+// ---- the KV cache ----------------------------------------------------------------------------------
+
+namespace ringattn {
+namespace {
+
+// Rows [B, positions, inner] of a global [B, S, inner] tensor, as T.
+template <class T>
+std::vector<T> rows(const std::vector<double>& g, Index B, Index S, Index inner, const std::vector<Index>& pos) {
+  std::vector<T> x;
+  for (Index b = 0; b < B; ++b)
+    for (Index p : pos)
+      for (Index e = 0; e < inner; ++e) x.push_back(core::value_cast<T>(g[(b * S + p) * inner + e]));
+  return x;
+}
+
+// A prompt of S0 positions, then K steps of T tokens: every O and LSE equals the rows of dense
+// causal (windowed) attention over all S0 + K T positions, and every rank's decode O is the same.
+template <class S>
+void expect_cache_matches_reference(const std::string& dtype, Index window, double tol) {
+  using A = core::accum_t<S>;
+  const Index B = 2, H = 4, HKV = 2, D = 8, S0 = 29, T = 3, K = 4, Sall = S0 + K * T;
+  KVCacheOptions co;
+  co.batch = B, co.heads = H, co.kv_heads = HKV, co.head_dim = D, co.dtype = dtype;
+  if (window) co.window = window;
+  KVCache<S> cache(comm::Comm::world(), co);
+  auto rounded = [](std::vector<double> g) {  // the values a cache of S holds
+    for (double& x : g) x = core::value_cast<double>(core::value_cast<S>(x));
+    return g;
+  };
+  const auto q = rounded(global_input<double>(5, InputTensor::q, B, Sall, H * D));
+  const auto k = rounded(global_input<double>(5, InputTensor::k, B, Sall, HKV * D));
+  const auto v = rounded(global_input<double>(5, InputTensor::v, B, Sall, HKV * D));
+  const core::Shape s{B, Sall, H, HKV, D};
+  const core::DenseResult ref =
+      core::reference_attention(s, core::Mask::make(Sall, true, window, {}), 1 / std::sqrt(double(D)), q, k, v,
+                                std::vector<double>(q.size()), false);
+  double peak = 0, err = 0;
+  for (double x : ref.o) peak = std::max(peak, std::abs(x));
+  auto compare = [&](const std::vector<A>& o, const std::vector<A>& lse, const std::vector<Index>& pos) {
+    const auto want = rows<double>(ref.o, B, Sall, H * D, pos);
+    for (std::size_t n = 0; n < want.size(); ++n) err = std::max(err, std::abs(double(o[n]) - want[n]) / peak);
+    for (Index b = 0; b < B; ++b)
+      for (Index h = 0; h < H; ++h)
+        for (std::size_t i = 0; i < pos.size(); ++i) {
+          const double want_lse = ref.lse[(b * H + h) * Sall + pos[i]];
+          const double got_lse = lse[(b * H + h) * pos.size() + i];
+          err = std::max(err, std::abs(got_lse - want_lse) / std::max(1.0, std::abs(want_lse)));
+        }
+  };
+  const std::vector<Index> pos = cache.positions(S0);
+  const Index L = Index(pos.size());
+  std::vector<A> o(B * L * H * D), lse(B * H * L);
+  cache.prefill(S0, rows<S>(q, B, Sall, H * D, pos), rows<S>(k, B, Sall, HKV * D, pos),
+                rows<S>(v, B, Sall, HKV * D, pos), o, lse);
+  compare(o, lse, pos);
+  for (Index step = 0; step < K; ++step) {
+    std::vector<Index> new_pos(T);
+    for (Index t = 0; t < T; ++t) new_pos[t] = S0 + step * T + t;
+    std::vector<A> od(B * T * H * D), ld(B * H * T);
+    cache.decode(rows<S>(q, B, Sall, H * D, new_pos), rows<S>(k, B, Sall, HKV * D, new_pos),
+                 rows<S>(v, B, Sall, HKV * D, new_pos), od, ld);
+    compare(od, ld, new_pos);
+    const auto all = world().all_gatherv(std::span<const A>(od));
+    for (const auto& x : all) EXPECT_TRUE(std::equal(x.begin(), x.end(), od.begin(), od.end())) << "step " << step;
+  }
+  EXPECT_EQ(cache.length(), Sall);
+  EXPECT_LE(err, tol) << dtype << ", window " << window;
+  EXPECT_GT(peak, 0);
+}
+
+TEST(LibraryKVCache, PrefillAndDecodeMatchTheDenseReference) {
+  expect_cache_matches_reference<double>("f64", 0, 1e-12);
+  expect_cache_matches_reference<float>("f32", 7, 3e-6);
+  expect_cache_matches_reference<core::bf16>("bf16", 0, 3e-6);  // computed in f32 on bf16 inputs
+}
+
+TEST(LibraryKVCache, BadInputThrowsTheSameMessageOnEveryRank) {
+  KVCacheOptions co;
+  co.batch = 1, co.heads = 2, co.kv_heads = 1, co.head_dim = 4, co.dtype = "f32";
+  std::string msg = caught([&] { KVCache<double> wrong(comm::Comm::world(), co); });
+  EXPECT_NE(msg.find("is not this KVCache's storage"), std::string::npos) << msg;
+  expect_same_everywhere(msg);
+  co.merge = "tree";
+  msg = caught([&] { KVCache<float> bad(comm::Comm::world(), co); });
+  EXPECT_NE(msg.find("merge: 'tree' is not a merge"), std::string::npos) << msg;
+  expect_same_everywhere(msg);
+  co.merge = "allreduce";
+  KVCache<float> cache(comm::Comm::world(), co);
+  const Index L = Index(cache.positions(10).size());
+  const bool last = world().rank() == world().size() - 1;
+  std::vector<float> q(L * 2 * 4 + (last ? 1 : 0)), kv(L * 4);
+  msg = caught([&] { cache.prefill(10, q, kv, kv); });  // one rank's q is one element long
+  EXPECT_NE(msg.find("q: "), std::string::npos) << msg;
+  expect_same_everywhere(msg);
+  q.resize(L * 2 * 4);
+  cache.prefill(10, q, kv, kv);
+  std::vector<float> q1(8), kv1(4), o1(8);
+  msg = caught([&] { cache.decode(std::span<const float>(), kv1, kv1, o1); });
+  EXPECT_NE(msg.find("T = 0"), std::string::npos) << msg;
+  expect_same_everywhere(msg);
+  msg = caught([&] { cache.decode(q1, kv1, kv1, std::span<float>(o1).first(4)); });
+  EXPECT_NE(msg.find("o: "), std::string::npos) << msg;
+  expect_same_everywhere(msg);
+  cache.decode(q1, kv1, kv1, o1);
+  EXPECT_EQ(cache.length(), 11);
 }
 
 }  // namespace

@@ -57,6 +57,11 @@ template <class A>
 void merge_partial_states(const comm::Comm& comm, const std::string& merge, Index rows, Index D,
                           const std::vector<A>& state, std::vector<A>& merged);
 
+// The watchdog a front end sets while a prompt of prompt_len positions goes in over N ranks:
+// o.timeout_s, or the plan's default for the prompt's causal forward (default_timeout), which also
+// covers the decode steps after it (each lighter than the prompt).
+double prompt_timeout(const KVCacheOptions& o, Index prompt_len, int N);
+
 template <class S>
 class KVCacheShard {
  public:
@@ -79,6 +84,7 @@ class KVCacheShard {
   Index length() const { return prompt_len_ + decoded_; }        // positions in the cache (all ranks)
   Index local_positions() const { return L0_ + Index(dec_pos_used_); }  // held by this rank
   Index resident_bytes() const;
+  const KVCacheOptions& options() const { return o_; }
   int rank() const { return comm_.rank(); }
   int ranks() const { return comm_.size(); }
 

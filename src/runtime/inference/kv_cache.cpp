@@ -45,6 +45,12 @@ PlanOptions prompt_options(const KVCacheOptions& o, Index prompt_len) {
 
 }  // namespace
 
+double prompt_timeout(const KVCacheOptions& o, Index prompt_len, int N) {
+  const Index largest = (prompt_len + N - 1) / N;
+  return o.timeout_s.value_or(
+      default_timeout(core::Shape{o.batch, prompt_len, o.heads, o.kv_heads, o.head_dim}, largest, false, 0));
+}
+
 template <class A>
 void merge_partial_states(const comm::Comm& comm, const std::string& merge, Index rows, Index D,
                           const std::vector<A>& state, std::vector<A>& merged) {
