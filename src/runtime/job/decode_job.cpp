@@ -122,6 +122,31 @@ void DecodeResult::per_rank(const comm::Comm& comm, const std::array<double, 6>&
 
 namespace {
 
+// Collective. The merge's yardstick: an MPI_Allreduce (sum) of as many values as one rank's merge
+// `state`, and the merge of `state` alone, each timed with all ranks starting together (in a step
+// the merge also waits for the slowest rank's attention). The slowest rank's medians over `reps`
+// go to res.allreduce_s and res.merge_alone_s.
+template <class A>
+void time_merge_alone(const comm::Comm& comm, const std::string& merge, Index rows, Index D,
+                      const std::vector<A>& state, int reps, DecodeResult& res) {
+  std::vector<A> buf(state.size(), A(1)), merged;
+  std::vector<double> t_sum, t_merge;
+  for (int rep = 0; rep < reps; ++rep) {
+    comm.barrier();
+    double t0 = comm::wtime();
+    comm::allreduce_sum(comm, std::span<A>(buf));
+    t_sum.push_back(comm::wtime() - t0);
+    comm.barrier();
+    t0 = comm::wtime();
+    merge_partial_states(comm, merge, rows, D, state, merged);
+    t_merge.push_back(comm::wtime() - t0);
+  }
+  double med[2] = {core::median(t_sum), core::median(t_merge)};
+  comm.allreduce_max(std::span<double>(med, 2));
+  res.allreduce_s = med[0];
+  res.merge_alone_s = med[1];
+}
+
 template <class S>
 DecodeResult run_typed(const comm::Comm& comm, const DecodeConfig& c, const core::Shape& s0, StagedOutputs& staged) {
   using A = core::accum_t<S>;
@@ -227,30 +252,13 @@ DecodeResult run_typed(const comm::Comm& comm, const DecodeConfig& c, const core
   }
   res.decode_step_s = slowest.empty() ? 0 : core::median(slowest);
 
-  // The merge's yardstick, measured after the steps in the same run: an MPI_Allreduce (sum) of as
-  // many values as one rank's merge state.
-  // The merge alone is timed the same way, all ranks starting together: in a step it also waits
-  // for the slowest rank's attention.
+  // The merge's yardstick and the merge alone, measured after the steps in the same run.
   res.state_values = B * T * H * (D + 2);
   {
     const Index rows = B * T * H;
-    std::vector<A> buf(res.state_values, A(1)), state(res.state_values, A(1)), merged;
+    std::vector<A> state(res.state_values, A(1));
     std::fill_n(state.begin(), rows, A(r));  // m: the ranks' maxima differ
-    std::vector<double> t_sum, t_merge;
-    for (int rep = 0; rep < 21; ++rep) {
-      comm.barrier();
-      double t0 = comm::wtime();
-      comm::allreduce_sum(comm, std::span<A>(buf));
-      t_sum.push_back(comm::wtime() - t0);
-      comm.barrier();
-      t0 = comm::wtime();
-      merge_partial_states(comm, c.merge, rows, D, state, merged);
-      t_merge.push_back(comm::wtime() - t0);
-    }
-    double med[2] = {core::median(t_sum), core::median(t_merge)};
-    comm.allreduce_max(std::span<double>(med, 2));
-    res.allreduce_s = med[0];
-    res.merge_alone_s = med[1];
+    time_merge_alone(comm, c.merge, rows, D, state, 21, res);
   }
   while (!stream_buf.empty() && passes.size() < 5) stream_pass();
   const double stream = core::median(passes);
@@ -375,24 +383,7 @@ DecodeResult run_timing_only(const comm::Comm& comm, const DecodeConfig& c, cons
     slowest.push_back(sl);
   }
   res.decode_step_s = core::median(slowest);
-  {
-    std::vector<A> buf(res.state_values, A(1));
-    std::vector<double> t_sum, t_merge;
-    for (int rep = 0; rep < 5; ++rep) {
-      comm.barrier();
-      double t0 = comm::wtime();
-      comm::allreduce_sum(comm, std::span<A>(buf));
-      t_sum.push_back(comm::wtime() - t0);
-      comm.barrier();
-      t0 = comm::wtime();
-      merge_partial_states(comm, c.merge, rows, D, state, merged);
-      t_merge.push_back(comm::wtime() - t0);
-    }
-    double med[2] = {core::median(t_sum), core::median(t_merge)};
-    comm.allreduce_max(std::span<double>(med, 2));
-    res.allreduce_s = med[0];
-    res.merge_alone_s = med[1];
-  }
+  time_merge_alone(comm, c.merge, rows, D, state, 5, res);
   res.per_rank(comm, {double(Index(prompt.size()) + held_decoded), double(kv_bytes), core::median(step),
                        core::median(merge), core::median(attend_t), 0.0});
   return res;
