@@ -24,6 +24,7 @@ from mpi4py import MPI
 
 import ringattn
 from ringattn import _ringattn
+from mpi_checks import rel_error, visible
 
 TOL = {torch.float64: 1e-10, torch.float32: 3e-4, torch.bfloat16: 3e-4, torch.float16: 3e-4}
 # 16-bit storage computes in float32 (O, LSE at float32's tolerance, against the reference on the
@@ -47,20 +48,6 @@ def rope_ref(x, theta):
     cos, sin = torch.cos(ang)[None, :, None, :], torch.sin(ang)[None, :, None, :]
     a, b = x[..., :half], x[..., half:]
     return torch.cat([a * cos - b * sin, b * cos + a * sin], dim=-1)
-
-
-def visible(S, causal, window, doc_lens):
-    i = torch.arange(S)[:, None]
-    j = torch.arange(S)[None, :]
-    m = torch.ones(S, S, dtype=torch.bool)
-    if causal or window:
-        m &= j <= i
-    if window:
-        m &= j > i - window
-    if doc_lens:
-        doc = torch.repeat_interleave(torch.arange(len(doc_lens)), torch.tensor(doc_lens))
-        m &= doc[:, None] == doc[None, :]
-    return m
 
 
 def reference(q, k, v, causal=False, window=None, doc_lens=None, scale=None, rope=None):
@@ -88,14 +75,6 @@ def ulps(x, ref):
     _, e = torch.frexp(r)  # r = m 2^e, 0.5 <= |m| < 1: r's exponent is e - 1 (zero: e = 0)
     ulp = torch.ldexp(torch.ones_like(r), (torch.clamp(e - 1, min=emin) - bits).double())
     return ((x.double() - r).abs() / ulp).max().item()
-
-
-def rel_error(x, ref):
-    peak = ref.abs().max().item() if ref.numel() else 0.0
-    if x.numel() == 0:
-        return 0.0
-    err = (x.double() - ref).abs().max().item()
-    return err / max(peak, 1e-300) if math.isfinite(err) else math.inf
 
 
 def run_case(name, *, S, B=1, H=2, HKV=None, D=8, dtype=torch.float64, layout="contiguous",

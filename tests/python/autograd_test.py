@@ -22,9 +22,8 @@ import torch
 from mpi4py import MPI
 
 import ringattn
+from mpi_checks import COMM, N, RANK, agreed
 
-COMM = MPI.COMM_WORLD
-RANK, N = COMM.rank, COMM.size
 TIMEOUT = 60  # seconds: a rank left waiting ends the job instead of the test hanging
 
 
@@ -61,15 +60,6 @@ class _Gather(torch.autograd.Function):
     @staticmethod
     def backward(ctx, g):
         return g[:, ctx.pos].contiguous(), None, None
-
-
-def agreed(name, ok, detail=""):
-    """ok on every rank; rank 0 prints the verdict."""
-    all_ok = COMM.allreduce(int(bool(ok)), op=MPI.MIN) == 1
-    details = COMM.gather(detail, root=0)
-    if RANK == 0:
-        print(f"{'ok ' if all_ok else 'BAD'} N={N} {name:<52} {details[0] if all_ok else details}", flush=True)
-    return all_ok
 
 
 def shard(B, S, H, HKV, D, seed, **kw):

@@ -22,28 +22,12 @@ import sys
 import traceback
 
 import torch
-from mpi4py import MPI
 
 import ringattn
+from mpi_checks import COMM, N, RANK, agreed, rel_error, visible
 
-COMM = MPI.COMM_WORLD
-RANK, N = COMM.rank, COMM.size
 TOL = {torch.float64: 1e-10, torch.float32: 3e-4, torch.bfloat16: 3e-4, torch.float16: 3e-4}
 TOL_GRAD = {**TOL, torch.bfloat16: 2.0 ** -8 + 3e-4, torch.float16: 2.0 ** -11 + 3e-4}
-
-
-def visible(S, causal, window, doc_lens):
-    i = torch.arange(S)[:, None]
-    j = torch.arange(S)[None, :]
-    m = torch.ones(S, S, dtype=torch.bool)
-    if causal or window:
-        m &= j <= i
-    if window:
-        m &= j > i - window
-    if doc_lens:
-        doc = torch.repeat_interleave(torch.arange(len(doc_lens)), torch.tensor(doc_lens))
-        m &= doc[:, None] == doc[None, :]
-    return m
 
 
 def reference(q, k, v, sinks, causal, window, doc_lens, softcap=None):
@@ -60,22 +44,6 @@ def reference(q, k, v, sinks, causal, window, doc_lens, softcap=None):
         s = torch.cat([s, sinks.view(1, H, 1, 1).expand(B, H, S, 1)], dim=-1)
     p = torch.softmax(s, dim=-1)[..., :S]
     return torch.einsum("bhij,bjhd->bihd", p, vv), torch.logsumexp(s, dim=-1)
-
-
-def rel_error(x, ref):
-    if x.numel() == 0:
-        return 0.0
-    peak = ref.abs().max().item()
-    err = (x.double() - ref).abs().max().item()
-    return err / max(peak, 1e-300) if math.isfinite(err) else math.inf
-
-
-def agreed(name, ok, detail=""):
-    all_ok = COMM.allreduce(int(bool(ok)), op=MPI.MIN) == 1
-    details = COMM.gather(detail, root=0)
-    if RANK == 0:
-        print(f"{'ok ' if all_ok else 'BAD'} N={N} {name:<58} {details[0] if all_ok else details}", flush=True)
-    return all_ok
 
 
 def run_case(name, *, S, B=1, H=4, HKV=2, D=8, dtype=torch.float64, layout="contiguous", causal=False,
