@@ -323,6 +323,18 @@ def bench_vs_torch(a, rows):
 
 
 # ---- vs-sdpa: ringattn at N=1 and N=2 against PyTorch 2.x scaled_dot_product_attention -----------
+def script_with_timing(name):
+    """tests/bench/NAME's text, to run as `python -` where tests/bench is not on the path (the SDPA
+    chroot), behind a few lines that make tests/bench/bench_timing.py's text the module bench_timing."""
+    bench = os.path.join(ROOT, "tests", "bench")
+    timing = open(os.path.join(bench, "bench_timing.py")).read()
+    return ("import sys, types\n"
+            "bench_timing = types.ModuleType('bench_timing')\n"
+            f"exec(compile({timing!r}, 'bench_timing.py', 'exec'), bench_timing.__dict__)\n"
+            "sys.modules['bench_timing'] = bench_timing\n"
+            + open(os.path.join(bench, name)).read())
+
+
 def bench_vs_sdpa(a, rows):
     """S = seqs[0] on one thread (SDPA one thread, ringattn N=1) and S = seqs[1] on two (SDPA two
     threads, ringattn N=2), causal and not; each round runs every case once, SDPA then ringattn, and
@@ -331,7 +343,7 @@ def bench_vs_sdpa(a, rows):
         sys.exit(0)
     ensure_built(("ringattn_app", BIN))
     python = shlex.split(a.python)
-    script = open(os.path.join(ROOT, "tests", "bench", "sdpa_attention.py")).read()
+    script = script_with_timing("sdpa_attention.py")
     plan = [(1, a.seqs[0])] + ([(2, a.seqs[1])] if len(a.seqs) > 1 else [])
     cases = [(n, s, causal, dt) for n, s in plan for causal in (False, True) for dt in a.dtypes]
     sdpa = {c: [] for c in cases}

@@ -8,12 +8,10 @@ JSON object: median forward and backward seconds over --iters after one warm-up,
 flags and the torch version. Needs torch >= 2.1 (SDPA's CPU backward).
 """
 import argparse
-import json
-import statistics
-import time
 
 import torch
 import torch.nn.functional as F
+from bench_timing import print_result, time_forward_backward
 
 
 def main():
@@ -32,23 +30,10 @@ def main():
     S, H, D = a.seq, a.heads, a.head_dim
     q, k, v = (torch.randn(1, H, S, D, dtype=dt, requires_grad=True) for _ in range(3))
     dout = torch.randn(1, H, S, D, dtype=dt)
-    fwd, bwd = [], []
-    for it in range(a.iters + 1):
-        for t in (q, k, v):
-            t.grad = None
-        t0 = time.perf_counter()
-        o = F.scaled_dot_product_attention(q, k, v, is_causal=a.causal)
-        t1 = time.perf_counter()
-        o.backward(dout)
-        t2 = time.perf_counter()
-        if it > 0:  # the first iteration warms up
-            fwd.append(t1 - t0)
-            bwd.append(t2 - t1)
-        del o
-    flops = 4.0 * S * S * H * D * (0.5 if a.causal else 1.0)
-    print(json.dumps({"forward_s": statistics.median(fwd), "backward_s": statistics.median(bwd),
-                      "flops_forward": flops, "flops_backward": 2.5 * flops, "threads": torch.get_num_threads(),
-                      "torch": torch.__version__, "dtype": a.dtype}))
+    fwd, bwd = time_forward_backward(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=a.causal),
+                                     (q, k, v), dout, a.iters)
+    print_result(fwd, bwd, 1, S, H, D, a.causal, threads=torch.get_num_threads(), torch=torch.__version__,
+                 dtype=a.dtype)
 
 
 if __name__ == "__main__":

@@ -5,12 +5,10 @@ Plain matmul, softmax and autograd (no fused kernel), float32, threads = --threa
 JSON object: median forward and backward seconds over --iters after one warm-up.
 """
 import argparse
-import json
 import math
-import statistics
-import time
 
 import torch
+from bench_timing import print_result, time_forward_backward
 
 
 def main():
@@ -31,26 +29,15 @@ def main():
     v = torch.randn(B, H, S, D, requires_grad=True)
     dout = torch.randn(B, H, S, D)
     mask = torch.ones(S, S, dtype=torch.bool).tril() if a.causal else None
-    fwd, bwd = [], []
-    for it in range(a.iters + 1):
-        for t in (q, k, v):
-            t.grad = None
-        t0 = time.perf_counter()
+
+    def forward():
         s = torch.matmul(q, k.transpose(-1, -2)) * (1.0 / math.sqrt(D))
         if mask is not None:
             s = s.masked_fill(~mask, float("-inf"))
-        o = torch.matmul(torch.softmax(s, dim=-1), v)
-        t1 = time.perf_counter()
-        o.backward(dout)
-        t2 = time.perf_counter()
-        if it > 0:  # the first iteration warms up
-            fwd.append(t1 - t0)
-            bwd.append(t2 - t1)
-        del s, o
-    flops = 4.0 * B * S * S * H * D * (0.5 if a.causal else 1.0)
-    print(json.dumps({"forward_s": statistics.median(fwd), "backward_s": statistics.median(bwd),
-                      "flops_forward": flops, "flops_backward": 2.5 * flops, "threads": a.threads,
-                      "torch": torch.__version__}))
+        return torch.matmul(torch.softmax(s, dim=-1), v)
+
+    fwd, bwd = time_forward_backward(forward, (q, k, v), dout, a.iters)
+    print_result(fwd, bwd, B, S, H, D, a.causal, threads=a.threads, torch=torch.__version__)
 
 
 if __name__ == "__main__":
