@@ -27,6 +27,7 @@ from mpi4py import MPI
 
 import ringattn
 from ringattn.nn import DistributedAttention
+from mpi_checks import visible
 
 COMM = MPI.COMM_WORLD
 RANK, N = COMM.rank, COMM.size
@@ -57,16 +58,7 @@ def reference_attention(q, k, v, *, seq_len, causal=False, window=None, doc_lens
         s = softcap * torch.tanh(s / softcap)
     if cu_seqlens is not None:  # flash-attn's offsets: the documents are their differences
         doc_lens = torch.diff(torch.as_tensor(cu_seqlens)).tolist()
-    i, j = torch.arange(S)[:, None], torch.arange(S)[None, :]
-    seen = torch.ones(S, S, dtype=torch.bool)
-    if causal or window:
-        seen &= j <= i
-    if window:
-        seen &= j > i - window
-    if doc_lens:
-        doc = torch.repeat_interleave(torch.arange(len(doc_lens)), torch.tensor(doc_lens))
-        seen &= doc[:, None] == doc[None, :]
-    s = s.masked_fill(~seen, float("-inf"))
+    s = s.masked_fill(~visible(S, causal, window, doc_lens), float("-inf"))
     if sinks is not None:  # one more logit per head in every row's denominator, attending to nothing
         s = torch.cat([s, sinks.to(s.dtype)[None, :, None, None].expand(B, H, S, 1)], dim=-1)
         return torch.einsum("bhij,bjhd->bihd", torch.softmax(s, dim=-1)[..., :S], v)
