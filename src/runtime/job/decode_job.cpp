@@ -471,8 +471,7 @@ DecodeResult run_decode(comm::Comm& comm, const DecodeConfig& c) {
     dtype = parse_dtype(c.dtype, cli_names());
     if (c.prefill != "attend" && c.prefill != "load")
       throw InputError(fmt::format("--prefill: '{}' is not a prefill (expected attend or load)", c.prefill));
-    if (c.merge != "gather" && c.merge != "allreduce")
-      throw InputError(fmt::format("--merge: '{}' is not a merge (expected gather or allreduce)", c.merge));
+    check_merge(c.merge, cli_names());
     if (c.stream_mib < 0) throw InputError(fmt::format("--stream-mib: {} is negative", c.stream_mib));
     if (c.timing_only) {
       if (!comm::simulated())
