@@ -418,22 +418,24 @@ class KVCache:
 
     def __init__(self, batch, heads, kv_heads, head_dim, *, dtype=torch.float32, layout="auto", window=None,
                  scale=None, capacity=None, comm=None, timeout=None, out_dtype=None, merge="allreduce"):
-        if comm is None:
-            comm = MPI.COMM_WORLD
-        if not isinstance(comm, MPI.Comm):
-            raise InputError(f"comm: a {type(comm).__name__}, not an mpi4py communicator")
-        if dtype not in _TORCH_NAME:
-            raise InputError(f"dtype: {dtype} is not supported (expected float32, float64, bfloat16 or float16)")
+        agree_over, comm_error = _Prepared._communicator(comm)
+
+        def arguments():
+            if comm_error:
+                raise InputError(comm_error)
+            if dtype not in _TORCH_NAME:
+                raise InputError(f"dtype: {dtype} is not supported (expected float32, float64, bfloat16 or float16)")
+            shape = (_int("batch", batch), _int("heads", heads), _int("kv_heads", kv_heads),
+                     _int("head_dim", head_dim))
+            return shape, _out_dtype(out_dtype, dtype), (
+                _name("layout", layout), _int_or_none("window", window), _number_or_none("scale", scale),
+                _int_or_none("capacity", capacity), _number_or_none("timeout", timeout), _name("merge", merge))
+
+        self._shape, self._out, options = _agree(agree_over, arguments)
+        self._comm = agree_over
         self._dtype = dtype
         self._acc = _ACCUM[_STORAGE[_TORCH_NAME[dtype]]]
-        self._out = _out_dtype(out_dtype, dtype)
-        self._shape = (_int("batch", batch), _int("heads", heads), _int("kv_heads", kv_heads),
-                       _int("head_dim", head_dim))
-        self._c = _KVCache(comm, *self._shape, _STORAGE[_TORCH_NAME[dtype]], _name("layout", layout),
-                                    _int_or_none("window", window), _number_or_none("scale", scale),
-                                    _int_or_none("capacity", capacity), _number_or_none("timeout", timeout),
-                                    _name("merge", merge))
-        self._comm = comm
+        self._c = _KVCache(agree_over, *self._shape, _STORAGE[_TORCH_NAME[dtype]], *options)
 
     def positions(self, prompt_len):
         """This rank's positions of a prompt of prompt_len positions: an increasing int64 tensor."""
@@ -444,41 +446,66 @@ class KVCache:
         """Positions in the cache, over all ranks."""
         return self._c.length
 
-    def _checked(self, name, t, heads):
+    def _checked(self, name, t, heads, length):
         B, _, _, D = self._shape
         if not isinstance(t, torch.Tensor) or t.dtype != self._dtype or t.device.type != "cpu":
             raise InputError(f"{name}: expected a CPU tensor of the cache's dtype {self._dtype}")
-        if t.dim() != 4 or t.shape[0] != B or t.shape[2] != heads or t.shape[3] != D:
-            raise InputError(f"{name}: shape {list(t.shape)} (expected [{B}, L, {heads}, {D}])")
+        if t.dim() != 4 or t.shape[0] != B or t.shape[1] != length or t.shape[2] != heads or t.shape[3] != D:
+            raise InputError(f"{name}: shape {list(t.shape)} (expected [{B}, {length}, {heads}, {D}])")
         return t.detach().contiguous()
 
-    def _tensors(self, q, k, v):
+    def _tensors(self, q, k, v, length):
         B, H, HKV, D = self._shape
-        q, k, v = self._checked("q", q, H), self._checked("k", k, HKV), self._checked("v", v, HKV)
-        if not (q.shape[1] == k.shape[1] == v.shape[1]):
-            raise InputError(f"k, v: {k.shape[1]} and {v.shape[1]} positions, q {q.shape[1]} (expected the same)")
-        return q, k, v
+        return self._checked("q", q, H, length), self._checked("k", k, HKV, length), self._checked("v", v, HKV, length)
 
     def prefill(self, q, k, v, *, prompt_len=None, return_lse=False):
-        q, k, v = self._tensors(q, k, v)
+        """This rank's shard of the prompt (the positions positions(prompt_len) lists); without
+        prompt_len, the prompt is every rank's q positions together."""
         B, H, HKV, D = self._shape
-        L = q.shape[1]
-        S0 = self._comm.allreduce(L) if prompt_len is None else _int("prompt_len", prompt_len)
-        o = torch.empty((B, L, H, D), dtype=self._acc)
-        lse = torch.empty((B, H, L), dtype=self._acc)
+        L = q.shape[1] if isinstance(q, torch.Tensor) and q.dim() == 4 else -1
+        S0 = self._comm.allreduce(max(L, 0)) if prompt_len is None else prompt_len
+
+        def tensors():
+            L0 = len(self._c.positions(_int("prompt_len", S0)))
+            q_, k_, v_ = self._tensors(q, k, v, L0)
+            return q_, k_, v_, torch.empty((B, L0, H, D), dtype=self._acc), torch.empty((B, H, L0), dtype=self._acc)
+
+        q, k, v, o, lse = _agree(self._comm, tensors)
         self._c.prefill(S0, q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), lse.data_ptr())
         o = o.to(self._out)
         return (o, lse) if return_lse else o
 
     def decode(self, q, k, v, *, return_lse=False):
-        q, k, v = self._tensors(q, k, v)
+        """T new tokens, the same on every rank: O [B, T, H, D] (and LSE [B, H, T]), the same bits on
+        every rank."""
         B, H, HKV, D = self._shape
-        T = q.shape[1]
-        o = torch.empty((B, T, H, D), dtype=self._acc)
-        lse = torch.empty((B, H, T), dtype=self._acc)
-        self._c.decode(T, q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), lse.data_ptr())
+
+        def tensors():
+            T = q.shape[1] if isinstance(q, torch.Tensor) and q.dim() == 4 else -1
+            q_, k_, v_ = self._tensors(q, k, v, T)
+            return q_, k_, v_, torch.empty((B, T, H, D), dtype=self._acc), torch.empty((B, H, T), dtype=self._acc)
+
+        q, k, v, o, lse = _agree(self._comm, tensors)
+        self._c.decode(q.shape[1], q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), lse.data_ptr())
         o = o.to(self._out)
         return (o, lse) if return_lse else o
+
+
+def _agree(comm, fn):
+    """fn() on this rank, its failure agreed over `comm` before any rank goes on: every rank raises
+    the lowest failing rank's error (InputError for bad input, RuntimeFailure otherwise), so that
+    one rank's bad tensor never leaves its peers waiting in the next collective."""
+    try:
+        result, error = fn(), None
+    except InputError as e:
+        result, error = None, ("I", str(e))
+    except Exception as e:  # out of memory, most likely
+        result, error = None, ("F", _failure("preparing the call", e, comm))
+    errors = comm.allgather(error)
+    first = next((e for e in errors if e is not None), None)
+    if first is not None:
+        raise (InputError if first[0] == "I" else RuntimeFailure)(first[1])
+    return result
 
 
 from . import nn  # noqa: E402  (ringattn.nn.DistributedAttention, over the functions above)

@@ -11,7 +11,8 @@ max |ref| (a bf16 cache's O asked for in float32 with out_dtype); every rank's d
 for bit the same. A bf16 cache returns O in bf16 by default: the float32 O rounded once, bit for
 bit as torch's .to() rounds it. The merge by all-gather (merge="gather") is held to the same.
 Then the bad calls: T = 0, a step whose q differs on one rank, a merge that is not one, a cache over
-its capacity, a dtype that is not the cache's, each one error on every rank.
+its capacity, a dtype that is not the cache's (on every rank, or on one), a prompt shard of the wrong
+length on one rank, each the same error on every rank (none left waiting for a peer).
 """
 import sys
 
@@ -116,7 +117,14 @@ def main():
              raises("merge", lambda: ringattn.KVCache(1, 2, 1, 8, merge="tree"), "merge: 'tree' is not a merge"),
              raises("over capacity", lambda: cache.decode(t(3, 2), t(3, 1), t(3, 1)), "capacity"),
              raises("another dtype", lambda: cache.decode(t(1, 2, torch.float32), t(1, 1, torch.float32),
-                                                          t(1, 1, torch.float32)), "dtype")]
+                                                          t(1, 1, torch.float32)), "dtype"),
+             raises("another dtype on one rank", lambda: cache.decode(
+                 t(1, 2, torch.float32 if RANK == N - 1 else torch.float64), t(1, 1), t(1, 1)), "dtype"),
+             raises("a prompt shard of the wrong length on one rank", lambda: ringattn.KVCache(
+                 1, 2, 1, 8, dtype=torch.float64).prefill(*(t(len(pos) + (RANK == N - 1), h) for h in (2, 1, 1)),
+                                                          prompt_len=10), "expected [1, "),
+             raises("a bad dtype on one rank", lambda: ringattn.KVCache(
+                 1, 2, 1, 8, dtype=torch.int32 if RANK == N - 1 else torch.float64), "dtype")]
     ok = all(good)
     if RANK == 0:
         print("all cases passed" if ok else "failures")
