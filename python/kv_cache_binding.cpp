@@ -81,6 +81,16 @@ class KVCache {
         },
         shard_);
   }
+  // This rank's shard of the prompt's K/V, kept without attending.
+  void load(Index prompt_len, std::uintptr_t k, std::uintptr_t v) {
+    py::gil_scoped_release unlocked;
+    std::visit(
+        [&](auto& c) {
+          comm_->set_timeout(ringattn::runtime::prompt_timeout(c->options(), prompt_len, comm_->size()));
+          c->load(prompt_len, ptr(c, k), ptr(c, v));
+        },
+        shard_);
+  }
   // T new tokens, the same on every rank; o [B, T, H, D] and lse [B, H, T].
   void decode(Index T, std::uintptr_t q, std::uintptr_t k, std::uintptr_t v, std::uintptr_t o, std::uintptr_t lse) {
     py::gil_scoped_release unlocked;
@@ -115,6 +125,7 @@ void bind_kv_cache(py::module_& m) {
                     std::optional<double>, std::optional<Index>, std::optional<double>, std::string>())
       .def("positions", &KVCache::positions)
       .def("prefill", &KVCache::prefill)
+      .def("load", &KVCache::load)
       .def("decode", &KVCache::decode)
       .def_property_readonly("length", &KVCache::length)
       .def_property_readonly("local_positions", &KVCache::local_positions)

@@ -405,6 +405,7 @@ class KVCache:
     prefill(q, k, v): every rank passes its shard of the prompt, at the positions
       positions(prompt_len) lists (q [B, L, H, D], k, v [B, L, HKV, D]); the causal ring forward
       returns this rank's O [B, L, H, D] (and LSE [B, H, L] with return_lse=True); K/V stay here.
+    load(k, v): the prompt's K/V only, kept without attending (instead of prefill).
     decode(q, k, v): every rank passes the same T new tokens (q [B, T, H, D], k, v [B, T, HKV, D]);
       their K/V go to the ranks that own their positions, every rank attends the T queries to its
       shard, and one collective merges the partial softmax states in float32 or float64: every rank
@@ -474,6 +475,21 @@ class KVCache:
         self._c.prefill(S0, q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), lse.data_ptr())
         o = o.to(self._out)
         return (o, lse) if return_lse else o
+
+    def load(self, k, v, *, prompt_len=None):
+        """This rank's shard of the prompt's K/V (the positions positions(prompt_len) lists), kept
+        without attending: K/V computed elsewhere, or a prompt too long to attend here. Instead of
+        prefill(), once, before any decode."""
+        B, H, HKV, D = self._shape
+        L = k.shape[1] if isinstance(k, torch.Tensor) and k.dim() == 4 else -1
+        S0 = self._comm.allreduce(max(L, 0)) if prompt_len is None else prompt_len
+
+        def tensors():
+            L0 = len(self._c.positions(_int("prompt_len", S0)))
+            return self._checked("k", k, HKV, L0), self._checked("v", v, HKV, L0)
+
+        k, v = _agree(self._comm, tensors)
+        self._c.load(S0, k.data_ptr(), v.data_ptr())
 
     def decode(self, q, k, v, *, return_lse=False):
         """T new tokens, the same on every rank: O [B, T, H, D] (and LSE [B, H, T]), the same bits on
