@@ -34,7 +34,7 @@ void print_attention(const runtime::RunResult& res) {
   const runtime::JobFacts& f = res.facts;
   const int N = f.ranks;
   fmt::print("ringattn run: {} {}, mask {}, layout {} over N={} ranks, kernels {}, strategy {}\n", f.shape.str(),
-             core::dtype_name(f.dtype), f.mask, f.layout, N, core::simd::current(), f.strategy);
+             core::dtype_name(f.dtype), f.mask, f.layout, N, core::simd::kernels(f.dtype), f.strategy);
   if (comm::simulated())
     fmt::print("  simulated by SimGrid/SMPI: times are simulated seconds on the platform{}\n",
                f.timing_only ? "; timing-only: the kernels' counted flops were charged, not computed (no values)"
@@ -90,7 +90,7 @@ void print_layer(const runtime::RunResult& res) {
   fmt::print("ringattn run --layer: {} M={} {}{}, mask {}, layout {} over N={} ranks, kernels {}, strategy {}\n",
              f.shape.str(), f.model_dim, core::dtype_name(f.dtype),
              f.rope ? fmt::format(", rope {:g}", *f.rope) : std::string(), f.mask, f.layout, f.ranks,
-             core::simd::current(), f.strategy);
+             core::simd::kernels(f.dtype), f.strategy);
   fmt::print("  time (slowest rank, median of {}): forward {}  backward {}; loss {}\n", f.iters, ms(rep.forward_s),
              f.backward ? ms(rep.backward_s) : std::string("-"), loss_text(rep));
   // The ring backward and dWo's reduction side by side: the reduction started before the ring

@@ -12,9 +12,11 @@
 #include <cstdlib>
 #include <limits>
 #include <mutex>
+#include <type_traits>
 
 #include "ringattn/core/errors.hpp"
 #include "ringattn/core/simd.hpp"
+#include "amx_tiles.hpp"
 #include "tile_walk.hpp"
 
 namespace ringattn::core {
@@ -52,6 +54,13 @@ Tiling resolve_tiling(const Tiling& t, Index head_dim, Index Lmax, Index G) {
 }
 
 namespace {
+// Float workspaces carry the packed bf16 operands of the AMX products when the machine has AMX
+// (bf16 storage computes in float; whether AMX is used is decided per call, amx::enabled()).
+template <class A>
+bool amx_buffers() {
+  return std::is_same_v<A, float> && amx::available();
+}
+
 // A row stride of at least n elements of `elem` bytes that is an odd number of 64-byte lines.
 Index odd_lines(Index n, std::size_t elem) {
   const Index per_line = 64 / Index(elem);
@@ -78,6 +87,14 @@ Workspace<A>::Workspace(const Tiling& t, Index head_dim) : tiling(t), D(head_dim
   vw.assign(t.k_cols * ldd + kPad, A(0));
   for (auto* v : {&rowmax, &rowc, &rowsum}) v->assign(t.q_rows + kPad, A(0));
   vmax.assign((t.q_rows + 8) * kPad / 4, A(0));  // a vector of maxima per tile row
+  if (amx_buffers<A>()) {
+    const Index Dp = amx::padded_depth(D);
+    ldk = amx::packed_keys(t.k_cols);
+    qb.assign((R + amx::kTileRows) * Dp, 0);
+    dob.assign((R + amx::kTileRows) * Dp, 0);
+    kb.assign(Dp * ldk, 0);
+    vb.assign(Dp * ldk, 0);
+  }
 }
 
 template <class A>
@@ -87,7 +104,12 @@ Index Workspace<A>::bytes(const Tiling& t, Index head_dim) {
   Index n = 2 * (t.q_rows * ld + kPad) + 2 * (D * ld + kPad) + (R * D + kPad);
   n += 2 * (R * ldd + kPad) + 2 * (t.k_cols * ldd + kPad);
   n += 3 * (t.q_rows + kPad) + (t.q_rows + 8) * kPad / 4;
-  return n * Index(sizeof(A));
+  Index amx_bytes = 0;
+  if (amx_buffers<A>()) {
+    const Index Dp = amx::padded_depth(D);
+    amx_bytes = Index(sizeof(std::uint16_t)) * (2 * (R + amx::kTileRows) * Dp + 2 * Dp * amx::packed_keys(t.k_cols));
+  }
+  return n * Index(sizeof(A)) + amx_bytes;
 }
 
 template <class A>
@@ -136,6 +158,8 @@ void add_sink_grad(const Packing& pk, const A* lse, const A* delta, const double
     dsinks[h] -= std::exp(sinks[h] - double(lse[r])) * double(delta[r]);
   }
 }
+
+bool amx_bf16_active() { return amx::enabled(); }
 
 bool block_visible(const Mask& mask, std::span<const Index> qpos, std::span<const Index> kpos) {
   if (qpos.empty() || kpos.empty()) return false;

@@ -42,18 +42,61 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <optional>
 #include <type_traits>
 
 #include "core/kernel_math-inl.hpp"     // exp, the softmax of a tile, operand copies
 #include "core/tile_products-inl.hpp"  // register blocking, score and accumulate products
 #include "core/nonfinite-inl.hpp"      // the exact paths for non-finite operands
 #include "core/tile_walk.hpp"
+#include "core/amx_tiles.hpp"  // bf16 score products on AMX tiles
 #include "ringattn/core/block_attention.hpp"
 #include "ringattn/core/simd.hpp"
 
 HWY_BEFORE_NAMESPACE();
 namespace ringattn::core::HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
+
+// ---- bf16 products on AMX tiles ----------------------------------------------------------------------
+
+// Whether a kernel of storage S and accumulation A can compute its score products on AMX tiles:
+// bf16 operands, whose products are exact in f32, summed in f32 by tdpbf16ps (amx_tiles.hpp).
+template <class S, class A>
+constexpr bool kAmxTypes = std::is_same_v<S, bf16> && std::is_same_v<A, float>;
+
+template <class S>
+const std::uint16_t* bf16_bits(const S* x) {
+  return reinterpret_cast<const std::uint16_t*>(x);
+}
+
+// Rows [0, n) of a product of packed rows (from chunk row i0) and packed keys (from tile key k0)
+// on AMX tiles, with epilogue e (see amx::scores): alpha times the raw sum, the scale applied after
+// the sum where the FMA kernels take Q' = alpha Q.
+template <class A>
+using Same = std::type_identity_t<A>;  // a parameter that takes A from the others (nullptr allowed)
+
+template <class A>
+void tile_scores(amx::Epilogue e, const Workspace<A>& ws, const std::uint16_t* rows, Index i0, const std::uint16_t* keys,
+                 Index k0, Index n, Index tk, A* S, Index lds, A alpha, const Same<A>* P, const Same<A>* delta,
+                 Same<A>* rmax) {
+  if constexpr (std::is_same_v<A, float>) {
+    const Index Dp = amx::padded_depth(ws.D);
+    amx::scores(e, rows + i0 * Dp, n, keys + 2 * k0, ws.ldk, tk, Dp, S, lds, alpha, P, delta, rmax);
+  }
+}
+
+// Whether this call computes bf16 products on AMX tiles (the workspace then holds the packed
+// operands), and the tile configuration of the calling thread for as long as the call runs.
+template <class S, class A>
+bool amx_products(const Workspace<A>& ws, std::optional<amx::TileScope>& scope) {
+  if constexpr (!kAmxTypes<S, A>) {
+    return false;
+  } else {
+    if (!amx::enabled() || ws.kb.empty()) return false;
+    scope.emplace();
+    return true;
+  }
+}
 
 // ---- the two kernels ------------------------------------------------------------------------------
 
@@ -67,6 +110,8 @@ Work forward_impl(const QueryShard<S>& q, const KVBlock<S>& kv, const Mask& mask
   const A alpha = static_cast<A>(double(scale) * kLog2e);
   const A cap = static_cast<A>(double(softcap) * kLog2e);  // the cap in log2 units; 0: none
   const Index ldk = ws.ld, lds = ws.ld, ldv = ws.ldd;
+  std::optional<amx::TileScope> scope;
+  const bool use_amx = amx_products<S>(ws, scope);
   for (Index b = 0; b < q.pk.B; ++b)
     for (Index g = 0; g < q.pk.HKV; ++g) {
       const S* qg = q.q + q.pk.q_group(b, g);
@@ -76,16 +121,24 @@ Work forward_impl(const QueryShard<S>& q, const KVBlock<S>& kv, const Mask& mask
       A* lg = st.l + q.pk.row_group(b, g);
       A* ag = st.acc + q.pk.q_group(b, g);
       const bool nonfinite = any_nonfinite(qg, rows * D) || any_nonfinite(kg, Lk * D) || any_nonfinite(vg, Lk * D);
+      // AMX scores for finite operands; the exact paths of non-finite ones read Q' (nan_rows)
+      const bool tiles = use_amx && !nonfinite;
       Index q0 = 0, c0 = 0;
       walk::for_each_tile(
           mask, q.pos, G, kv.pos, rows, Lk, t, ws.R,
-          [&](Index a, Index e) {  // Q' = alpha Q for the chunk's rows
+          [&](Index a, Index e) {  // Q' = alpha Q for the chunk's rows (AMX: Q's rows packed)
             q0 = a;
-            scaled_rows(qg + a * D, e - a, D, alpha, ws.qs.data());
+            if (tiles)
+              amx::pack_rows(bf16_bits(qg + a * D), e - a, D, ws.qb.data());
+            else
+              scaled_rows(qg + a * D, e - a, D, alpha, ws.qs.data());
           },
-          [&](Index c, Index tk) {  // the K/V tile: K^T, and V's rows as A
+          [&](Index c, Index tk) {  // the K/V tile: K^T (AMX: K packed), and V's rows as A
             c0 = c;
-            transpose_rows(kg + c * D, tk, D, ws.kt.data(), ldk);
+            if (tiles)
+              amx::pack_pairs(bf16_bits(kg + c * D), tk, D, ws.ldk, ws.kb.data());
+            else
+              transpose_rows(kg + c * D, tk, D, ws.kt.data(), ldk);
             copy_rows(vg + c * D, tk, D, ws.vw.data(), ldv);
           },
           [&](const walk::Tile& tile, TileClass tile_cls) {
@@ -98,14 +151,21 @@ Work forward_impl(const QueryShard<S>& q, const KVBlock<S>& kv, const Mask& mask
               // sweep 1: S = Q' K^T; the row max as it is stored (a partial piece or soft-capped scores:
               // after masking and capping)
               if (cls == TileClass::partial || cap > A(0)) {
-                scores<Epilogue::store, A>(ws.qs.data() + (p.r0 - q0) * D, n, D, D, ws.kt.data() + k0, ldk, tk, Sc, lds,
-                                        nullptr, nullptr, A(0), nullptr, nullptr);
+                if (tiles)
+                  tile_scores(amx::Epilogue::store, ws, ws.qb.data(), p.r0 - q0, ws.kb.data(), k0, n, tk, Sc, lds, alpha,
+                              nullptr, nullptr, nullptr);
+                else
+                  scores<Epilogue::store, A>(ws.qs.data() + (p.r0 - q0) * D, n, D, D, ws.kt.data() + k0, ldk, tk, Sc,
+                                             lds, nullptr, nullptr, A(0), nullptr, nullptr);
                 if (cap > A(0))  // a full piece takes its row maxima as it is capped
                   cap_tile(Sc, n, tk, lds, cap, static_cast<A*>(nullptr), cls == TileClass::partial ? nullptr : rmax);
                 if (cls == TileClass::partial) {
                   walk::apply_mask(Sc, lds, mask, q.pos, G, kv.pos, p);
                   for (Index i = 0; i < n; ++i) rmax[i] = *std::max_element(Sc + i * lds, Sc + i * lds + tk);
                 }
+              } else if (tiles) {
+                tile_scores(amx::Epilogue::max, ws, ws.qb.data(), p.r0 - q0, ws.kb.data(), k0, n, tk, Sc, lds, alpha,
+                            nullptr, nullptr, rmax);
               } else {
                 scores<Epilogue::max, A>(ws.qs.data() + (p.r0 - q0) * D, n, D, D, ws.kt.data() + k0, ldk, tk, Sc, lds,
                                       nullptr, nullptr, A(0), rmax, ws.vmax.data());
@@ -158,26 +218,42 @@ Work backward_impl(const GradQueryShard<S>& gq, const KVBlock<S>& kv, const Mask
   const A alpha = static_cast<A>(double(scale) * kLog2e);
   const A cap = static_cast<A>(double(softcap) * kLog2e);  // the cap in log2 units; 0: none
   const Index ld = ws.ld, ldd = ws.ldd;
+  std::optional<amx::TileScope> scope;
+  const bool use_amx = amx_products<S>(ws, scope);
   for (Index b = 0; b < q.pk.B; ++b)
     for (Index g = 0; g < q.pk.HKV; ++g) {
       const Index qo = q.pk.q_group(b, g), ro = q.pk.row_group(b, g), ko = kv.pk.kv_group(b, g);
-      const bool nonfinite = any_nonfinite(q.q + qo, rows * D) || any_nonfinite(gq.dout + qo, rows * D) ||
-                             any_nonfinite(kv.k + ko, Lk * D) || any_nonfinite(kv.v + ko, Lk * D) ||
+      // the forward's own test: S is recomputed on AMX exactly when the forward computed it there
+      const bool qkv_nonfinite = any_nonfinite(q.q + qo, rows * D) || any_nonfinite(kv.k + ko, Lk * D) ||
+                                 any_nonfinite(kv.v + ko, Lk * D);
+      const bool nonfinite = qkv_nonfinite || any_nonfinite(gq.dout + qo, rows * D) ||
                              any_nonfinite(gq.l + ro, rows) || any_nonfinite(gq.delta + ro, rows);
+      const bool s_tiles = use_amx && !qkv_nonfinite;
+      const bool dp_tiles = use_amx && !nonfinite;  // the exact paths read V^T (visible_backward)
       Index q0 = 0, c0 = 0;
       const A *Qc = ws.qw.data(), *dOc = ws.dow.data(), *K = ws.kw.data();
       walk::for_each_tile(
           mask, q.pos, G, kv.pos, rows, Lk, t, ws.R,
-          [&](Index a, Index e) {  // the chunk's rows: Q' = alpha Q; Q and dO as A
+          [&](Index a, Index e) {  // the chunk's rows: Q' = alpha Q (AMX: Q, dO packed); Q and dO as A
             q0 = a;
-            scaled_rows(q.q + qo + a * D, e - a, D, alpha, ws.qs.data());
+            if (s_tiles)
+              amx::pack_rows(bf16_bits(q.q + qo + a * D), e - a, D, ws.qb.data());
+            else
+              scaled_rows(q.q + qo + a * D, e - a, D, alpha, ws.qs.data());
+            if (dp_tiles) amx::pack_rows(bf16_bits(gq.dout + qo + a * D), e - a, D, ws.dob.data());
             copy_rows(q.q + qo + a * D, e - a, D, ws.qw.data(), ldd);
             copy_rows(gq.dout + qo + a * D, e - a, D, ws.dow.data(), ldd);
           },
-          [&](Index c, Index tk) {  // the K/V tile: K^T and V^T; K's rows as A
+          [&](Index c, Index tk) {  // the K/V tile: K^T and V^T (AMX: K, V packed); K's rows as A
             c0 = c;
-            transpose_rows(kv.k + ko + c * D, tk, D, ws.kt.data(), ld);
-            transpose_rows(kv.v + ko + c * D, tk, D, ws.vt.data(), ld);
+            if (s_tiles)
+              amx::pack_pairs(bf16_bits(kv.k + ko + c * D), tk, D, ws.ldk, ws.kb.data());
+            else
+              transpose_rows(kv.k + ko + c * D, tk, D, ws.kt.data(), ld);
+            if (dp_tiles)
+              amx::pack_pairs(bf16_bits(kv.v + ko + c * D), tk, D, ws.ldk, ws.vb.data());
+            else
+              transpose_rows(kv.v + ko + c * D, tk, D, ws.vt.data(), ld);
             copy_rows(kv.k + ko + c * D, tk, D, ws.kw.data(), ldd);
           },
           [&](const walk::Tile& tile, TileClass tile_cls) {
@@ -190,8 +266,12 @@ Work backward_impl(const GradQueryShard<S>& gq, const KVBlock<S>& kv, const Mask
               const A* l = gq.l + ro + p.r0;
               // sweep 1: P = 2^(S - m) / l, with the forward's own m (S recomputed bit for bit, so
               // S - m <= 0 and P <= 1 however large the logits) and l kept apart
-              scores<Epilogue::store, A>(ws.qs.data() + i0 * D, n, D, D, ws.kt.data() + k0, ld, tk, P, ld, nullptr,
-                                      nullptr, A(0), nullptr, nullptr);
+              if (s_tiles)
+                tile_scores(amx::Epilogue::store, ws, ws.qb.data(), i0, ws.kb.data(), k0, n, tk, P, ld, alpha, nullptr,
+                            nullptr, nullptr);
+              else
+                scores<Epilogue::store, A>(ws.qs.data() + i0 * D, n, D, D, ws.kt.data() + k0, ld, tk, P, ld, nullptr,
+                                           nullptr, A(0), nullptr, nullptr);
               if (cap > A(0)) cap_tile(P, n, tk, ld, cap, dS);  // dS holds 1 - tanh^2 until sweep 3
               if (cls == TileClass::partial) walk::apply_mask(P, ld, mask, q.pos, G, kv.pos, p);
               A* inv = ws.rowc.data();
@@ -215,8 +295,12 @@ Work backward_impl(const GradQueryShard<S>& gq, const KVBlock<S>& kv, const Mask
               // in the forward pass this was: s' = c tanh(s / c), so now: dS takes 1 - tanh^2
               if (cap > A(0)) mul_tile(P, dS, n, tk, ld);
               // sweep 3: dS = scale P o (dO V^T - delta), formed as it is stored
-              scores<Epilogue::grad, A>(dOc + i0 * ldd, n, ldd, D, ws.vt.data() + k0, ld, tk, dS, ld, P,
-                                     gq.delta + ro + p.r0, scale, nullptr, nullptr);
+              if (dp_tiles)
+                tile_scores(amx::Epilogue::grad, ws, ws.dob.data(), i0, ws.vb.data(), k0, n, tk, dS, ld, scale, P,
+                            gq.delta + ro + p.r0, nullptr);
+              else
+                scores<Epilogue::grad, A>(dOc + i0 * ldd, n, ldd, D, ws.vt.data() + k0, ld, tk, dS, ld, P,
+                                          gq.delta + ro + p.r0, scale, nullptr, nullptr);
               // sweep 4: dQ += dS K, dK += dS^T Q
               accumulate<false, A>(dS, n, ld, tk, K + k0 * ldd, ldd, D, nullptr, gq.dq + qo + p.r0 * D, D);
               accumulate<true, A>(dS, tk, ld, n, Qc + i0 * ldd, ldd, D, nullptr, dk + ko + p.c0 * D, D);
@@ -433,6 +517,7 @@ PieceTimes piece_times(DType t, Index head_dim, int reps) {
   return HWY_DYNAMIC_DISPATCH(TimePiece)(t == DType::f64, head_dim, reps);
 }
 std::string current() { return HWY_DYNAMIC_DISPATCH(TargetName)(); }
+std::string kernels(DType t) { return current() + (t == DType::bf16 && amx_bf16_active() ? "+AMX" : ""); }
 Index column_block(std::size_t elem_size) { return HWY_DYNAMIC_DISPATCH(ColumnBlock)(elem_size == 8); }
 Tiling default_tiling() { return HWY_DYNAMIC_DISPATCH(DefaultTiling)(); }
 

@@ -1,7 +1,7 @@
 // The block kernels against the FMA peak of this core, measured in the same run, on each SIMD target.
 //
 //   kernel_bench [--targets default|all|NAME,...] [--seqs 4096,8192] [--heads 8] [--head-dims 64,128]
-//                [--dtypes f32,f64] [--reps 5] [--causal] [--tile-q N] [--tile-k N] [--chunk N]
+//                [--dtypes f32,f64,bf16] [--reps 5] [--causal] [--tile-q N] [--tile-k N] [--chunk N]
 //                [--forward-only] [--best] [--pieces] [--softcap C]
 //
 // One core. The targets: the one the kernels use by default (the best this CPU runs, or the one
@@ -16,6 +16,9 @@
 // computes one rank's queries against one block as `ringattn run --seq S` does at N=1: S queries x
 // S keys x H heads (HKV = H), unmasked unless --causal. Flops as FlashAttention counts them: forward
 // 4 S^2 H D, backward 2.5x that (halved work under --causal).
+// bf16 stores Q, K, V, dO in bf16 and computes in f32: its score products run on AMX tiles when
+// the kernels use them (the dtype column says bf16+AMX; RINGATTN_AMX=0 turns them off), and its
+// rates are set against the f32 FMA peak.
 // --pieces prints instead the passes of one forward piece undisturbed (see print_pieces).
 #include <fmt/format.h>
 
@@ -54,7 +57,7 @@ AlignedVector<T> randn(Index n, unsigned seed) {
   std::mt19937 gen(seed);
   std::normal_distribution<double> d;
   AlignedVector<T> x(n);
-  for (T& v : x) v = static_cast<T>(d(gen));
+  for (T& v : x) v = value_cast<T>(d(gen));
   return x;
 }
 
@@ -67,19 +70,20 @@ struct Rates {
   double fwd_sust = 0, bwd_sust = 0;  // the ratio to the rate the FMA chains sustain right after
 };
 
-template <class T>
+template <class S_>
 Rates measure(Index S, Index H, Index D, bool causal, int reps, const Tiling& tiling, bool forward_only) {
+  using T = accum_t<S_>;
   const Packing pq{1, H, 1, S, D}, pk{1, H, 1, S, D};
   std::vector<Index> pos(S);
   for (Index i = 0; i < S; ++i) pos[i] = i;
-  const auto q = randn<T>(pq.q_elems(), 1), k = randn<T>(pk.kv_elems(), 2), v = randn<T>(pk.kv_elems(), 3),
-             dout = randn<T>(pq.q_elems(), 4);
+  const auto q = randn<S_>(pq.q_elems(), 1), k = randn<S_>(pk.kv_elems(), 2), v = randn<S_>(pk.kv_elems(), 3),
+             dout = randn<S_>(pq.q_elems(), 4);
   AlignedVector<T> m(pq.row_elems()), l(pq.row_elems()), lse(pq.row_elems()), acc(pq.q_elems()),
       delta(pq.row_elems()), dq(pq.q_elems()), dk(pk.kv_elems()), dv(pk.kv_elems());
   const Mask mask = causal ? Mask::make(S, true, 0, {}) : Mask::none();
   Workspace<T> ws(resolve_tiling(tiling, D, S, 1), D);
-  const QueryShard<T> qs{pq, pos, q.data()};
-  const KVBlock<T> kv{pk, pos, k.data(), v.data()};
+  const QueryShard<S_> qs{pq, pos, q.data()};
+  const KVBlock<S_> kv{pk, pos, k.data(), v.data()};
   const T scale = T(1.0 / std::sqrt(double(D)));
   const DType dt = sizeof(T) == 8 ? DType::f64 : DType::f32;
   std::vector<double> fr, br, fp, bp, fq, bq, fs, bs;
@@ -103,7 +107,7 @@ Rates measure(Index S, Index H, Index D, bool causal, int reps, const Tiling& ti
     if (forward_only) continue;
     const double peak_b = simd::fma_peak(dt, 0.2);
     t0 = now();
-    const Work wb = block_backward(GradQueryShard<T>{qs, dout.data(), m.data(), l.data(), delta.data(), dq.data()}, kv,
+    const Work wb = block_backward(GradQueryShard<S_>{qs, dout.data(), m.data(), l.data(), delta.data(), dq.data()}, kv,
                                    mask, scale, dk.data(), dv.data(), ws, {}, T(g_softcap));
     const double tb = now() - t0;
     const double sust_b = simd::fma_sustained(dt, tb);
@@ -215,7 +219,7 @@ int main(int argc, char** argv) try {
   if (pieces) return print_pieces(run, split(dtypes), split(dims));
   fmt::print("# one core; FMA peak measured before every repetition; medians of {} repetitions{}{}\n", reps,
              causal ? "; causal" : "", g_softcap > 0 ? fmt::format("; softcap {:g}", g_softcap) : "");
-  fmt::print("{:<8} {:>5} {:>6} {:>4} {:>4}  {:>9} {:>8} {:>7} {:>6} {:>6}  {:>9} {:>8} {:>7} {:>6} {:>6}\n", "target",
+  fmt::print("{:<8} {:>8} {:>6} {:>4} {:>4}  {:>9} {:>8} {:>7} {:>6} {:>6}  {:>9} {:>8} {:>7} {:>6} {:>6}\n", "target",
              "dtype", "S", "H", "D", "fwd GF/s", "peak", "% peak", "best", "% sust", "bwd GF/s", "peak", "% peak", "best",
              "% sust");
   for (const std::string& t : run) {
@@ -224,11 +228,13 @@ int main(int argc, char** argv) try {
       for (const std::string& s : split(seqs))
         for (const std::string& d : split(dims)) {
           const Index S = std::stoll(s), D = std::stoll(d);
-          const Rates r = dt == "f64" ? measure<double>(S, H, D, causal, reps, tiling, forward_only)
-                                       : measure<float>(S, H, D, causal, reps, tiling, forward_only);
-          fmt::print("{:<8} {:>5} {:>6} {:>4} {:>4}  {:>9.1f} {:>8.1f} {:>6.1f}% {:>5.1f}% {:>5.1f}%  {:>9.1f} {:>8.1f} "
+          const Rates r = dt == "f64"    ? measure<double>(S, H, D, causal, reps, tiling, forward_only)
+                          : dt == "bf16" ? measure<bf16>(S, H, D, causal, reps, tiling, forward_only)
+                                         : measure<float>(S, H, D, causal, reps, tiling, forward_only);
+          const std::string label = dt == "bf16" ? simd::kernels(DType::bf16).substr(simd::current().size()) : "";
+          fmt::print("{:<8} {:>8} {:>6} {:>4} {:>4}  {:>9.1f} {:>8.1f} {:>6.1f}% {:>5.1f}% {:>5.1f}%  {:>9.1f} {:>8.1f} "
                      "{:>6.1f}% {:>5.1f}% {:>5.1f}%\n",
-                     simd::current(), dt, S, H, D, r.fwd * 1e-9, r.fwd_peak * 1e-9, 100 * r.fwd_ratio,
+                     simd::current(), dt + label, S, H, D, r.fwd * 1e-9, r.fwd_peak * 1e-9, 100 * r.fwd_ratio,
                      100 * r.fwd_best, 100 * r.fwd_sust, r.bwd * 1e-9, r.bwd_peak * 1e-9, 100 * r.bwd_ratio,
                      100 * r.bwd_best, 100 * r.bwd_sust);
           std::fflush(stdout);

@@ -19,6 +19,7 @@
 // invisible pair carries nothing). A row that sees no key keeps O = 0, LSE = -inf and no gradient.
 // One difference from torch remains: a row whose visible scores are all -inf although its query is
 // finite (an infinite key, and no other key seen) is taken for a row that sees no key.
+#include <cstdint>
 #include <span>
 #include <type_traits>
 #include <vector>
@@ -76,7 +77,16 @@ struct Workspace {
   AlignedVector<A> qs;              // the chunk's queries times the scale [R, D]
   AlignedVector<A> qw, dow, kw, vw;  // Q, dO of the chunk [R, ldd]; K, V of the tile [k_cols, ldd]
   AlignedVector<A> rowmax, rowc, rowsum, vmax;  // per tile row; the score kernel's running maxima
+  // bf16 operands packed for AMX tile products (float accumulation, when the machine has AMX):
+  // the chunk's Q and dO rows [R + 16, Dp], the tile's K and V as pairs of depth [Dp / 2, 2 ldk]
+  // (bf16 bits; Dp = D rounded up to 32; see src/core/amx_tiles.hpp)
+  Index ldk = 0;
+  AlignedVector<std::uint16_t> qb, dob, kb, vb;
 };
+
+// Whether the kernels compute the bf16 products S = Q K^T and dP = dO V^T on AMX tiles now (Intel
+// AMX-BF16, granted by the OS; off when the environment variable RINGATTN_AMX is 0).
+bool amx_bf16_active();
 
 // One rank's queries in packed form (storage type).
 template <class S>

@@ -13,6 +13,9 @@ namespace ringattn::core::simd {
 
 // The target the kernels run on now ("AVX2").
 std::string current();
+// What computes attention of storage type t: current(), with "+AMX" when bf16 score products run
+// on AMX tiles (amx_bf16_active()).
+std::string kernels(DType t);
 // Targets this build has and this CPU runs, best first.
 std::vector<std::string> available();
 // Restricts the kernels to `name`. Throws InputError when the build has no such target or this

@@ -318,7 +318,7 @@ io::Json config_json(const JobConfig& c, const JobPlan& p, int N) {
   j["tile_q"] = t.q_rows;
   j["tile_k"] = t.k_cols;
   j["tile_strip"] = t.strip_rows;
-  j["simd"] = core::simd::current();
+  j["simd"] = core::simd::kernels(p.dtype);
   j["mask"] = p.mask.describe();
   j["traffic"] = c.traffic;
   j["rope"] = c.rope_theta ? io::Json(*c.rope_theta) : io::Json();

@@ -1,0 +1,130 @@
+// The AMX tile products of amx_tiles.hpp: the one file compiled with AMX and AVX-512 flags (on
+// x86-64, when the compiler has them), called only once amx::enabled() has checked the CPU and OS.
+// It includes nothing but <immintrin.h> and C headers and defines nothing outside an unnamed
+// namespace but amx_tiles.hpp's functions: an inline function of a shared header instantiated here
+// would carry AVX-512 code that the linker could choose for every other caller.
+#include "core/amx_tiles.hpp"
+
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512F__)
+#include <immintrin.h>
+
+namespace ringattn::core::amx {
+namespace {
+
+// The palette-1 tile configuration (64 bytes): tmm0-3 the 16 x 16 f32 results of a 2 x 2 block,
+// tmm4-5 two 16-row A tiles, tmm6-7 two B tiles of 16 key pairs; every tile 16 rows of 64 bytes.
+struct alignas(64) Config {
+  std::uint8_t palette = 1, start_row = 0, reserved[14] = {};
+  std::uint16_t colsb[16] = {};
+  std::uint8_t rows[16] = {};
+};
+
+// C [MR x NC tiles of 16 x 16] = A B^T over Dp: MR row tiles of A (row stride Dp), NC key tiles of
+// B (row stride 2 ldk), stored to C (tile t = 2 r + c at C + 256 t). Each result element is one
+// chain over the depth in order, whatever the block: the same (row, key) gives the same bits.
+template <int MR, int NC>
+void product(const std::uint16_t* A, Index Dp, const std::uint16_t* B, Index ldk, float* C) {
+  _tile_zero(0);
+  if constexpr (NC > 1) _tile_zero(1);
+  if constexpr (MR > 1) _tile_zero(2);
+  if constexpr (MR > 1 && NC > 1) _tile_zero(3);
+  const long sa = long(Dp) * 2, sb = long(ldk) * 4;
+  for (Index d0 = 0; d0 < Dp; d0 += kDepthStep) {
+    const std::uint16_t* b = B + d0 / 2 * 2 * ldk;
+    _tile_loadd(4, A + d0, sa);
+    _tile_loadd(6, b, sb);
+    if constexpr (NC > 1) _tile_loadd(7, b + 2 * kTileRows, sb);
+    if constexpr (MR > 1) _tile_loadd(5, A + kTileRows * Dp + d0, sa);
+    _tile_dpbf16ps(0, 4, 6);
+    if constexpr (NC > 1) _tile_dpbf16ps(1, 4, 7);
+    if constexpr (MR > 1) _tile_dpbf16ps(2, 5, 6);
+    if constexpr (MR > 1 && NC > 1) _tile_dpbf16ps(3, 5, 7);
+  }
+  _tile_stored(0, C, 64);
+  if constexpr (NC > 1) _tile_stored(1, C + 256, 64);
+  if constexpr (MR > 1) _tile_stored(2, C + 512, 64);
+  if constexpr (MR > 1 && NC > 1) _tile_stored(3, C + 768, 64);
+}
+
+inline Index least(Index a, Index b) { return a < b ? a : b; }
+
+// The epilogue of one 16 x 16 result tile C: rows [0, rows), keys [0, cols) of S (row stride lds).
+// vmax: a vector of running maxima per row (max epilogue).
+void epilogue(Epilogue e, const float* C, Index rows, Index cols, float* S, Index lds, float alpha, const float* P,
+              const float* delta, float* vmax) {
+  const __mmask16 keep = static_cast<__mmask16>((1u << cols) - 1u);
+  const __m512 va = _mm512_set1_ps(alpha), ninf = _mm512_set1_ps(-__builtin_inff());
+  for (Index i = 0; i < rows; ++i) {
+    const __m512 c = _mm512_load_ps(C + 16 * i);
+    float* s = S + i * lds;
+    if (e == Epilogue::grad) {
+      const __m512 p = _mm512_maskz_loadu_ps(keep, P + i * lds);
+      _mm512_mask_storeu_ps(s, keep, _mm512_mul_ps(_mm512_mul_ps(va, p), _mm512_sub_ps(c, _mm512_set1_ps(delta[i]))));
+      continue;
+    }
+    const __m512 v = _mm512_mul_ps(va, c);
+    _mm512_mask_storeu_ps(s, keep, v);
+    if (e == Epilogue::max)
+      _mm512_store_ps(vmax + 16 * i, _mm512_max_ps(_mm512_load_ps(vmax + 16 * i), _mm512_mask_blend_ps(keep, ninf, v)));
+  }
+}
+
+}  // namespace
+
+bool compiled() { return true; }
+
+TileScope::TileScope() {
+  Config cfg;
+  for (int t = 0; t < 8; ++t) {
+    cfg.colsb[t] = 64;
+    cfg.rows[t] = kTileRows;
+  }
+  // ldtilecfg with the whole configuration as its operand: GCC's _tile_loadconfig names only its
+  // first 8 bytes, and the stores of the rest were optimized away
+  __asm__ volatile("ldtilecfg %0" ::"m"(cfg));
+}
+
+TileScope::~TileScope() { _tile_release(); }
+
+void scores(Epilogue e, const std::uint16_t* A, Index n, const std::uint16_t* B, Index ldk, Index tk, Index Dp,
+            float* S, Index lds, float alpha, const float* P, const float* delta, float* rmax) {
+  alignas(64) float C[4 * 256];
+  alignas(64) float vmax[32 * 16];
+  constexpr Index T = kTileRows;
+  for (Index i0 = 0; i0 < n; i0 += 2 * T) {
+    const int mr = n - i0 > T ? 2 : 1;
+    if (e == Epilogue::max)
+      for (Index r = 0; r < 2 * T; ++r) _mm512_store_ps(vmax + 16 * r, _mm512_set1_ps(-__builtin_inff()));
+    for (Index j0 = 0; j0 < tk; j0 += 2 * T) {
+      const int nc = tk - j0 > T ? 2 : 1;
+      const std::uint16_t* a = A + i0 * Dp;
+      const std::uint16_t* b = B + 2 * j0;
+      if (mr == 2 && nc == 2) product<2, 2>(a, Dp, b, ldk, C);
+      else if (mr == 2) product<2, 1>(a, Dp, b, ldk, C);
+      else if (nc == 2) product<1, 2>(a, Dp, b, ldk, C);
+      else product<1, 1>(a, Dp, b, ldk, C);
+      for (int r = 0; r < mr; ++r)
+        for (int c = 0; c < nc; ++c) {
+          const Index i = i0 + r * T, j = j0 + c * T;
+          epilogue(e, C + 256 * (2 * r + c), least(T, n - i), least(T, tk - j), S + i * lds + j, lds, alpha,
+                   P ? P + i * lds + j : nullptr, delta ? delta + i : nullptr, vmax + 16 * r * T);
+        }
+    }
+    if (e == Epilogue::max)
+      for (Index r = 0; r < least(2 * T, n - i0); ++r) rmax[i0 + r] = _mm512_reduce_max_ps(_mm512_load_ps(vmax + 16 * r));
+  }
+}
+
+}  // namespace ringattn::core::amx
+
+#else  // no tile instructions in this build: amx::enabled() is false and nothing here is called
+
+namespace ringattn::core::amx {
+bool compiled() { return false; }
+TileScope::TileScope() {}
+TileScope::~TileScope() {}
+void scores(Epilogue, const std::uint16_t*, Index, const std::uint16_t*, Index, Index, Index, float*, Index, float,
+            const float*, const float*, float*) {}
+}  // namespace ringattn::core::amx
+
+#endif
