@@ -18,9 +18,8 @@
 
 namespace ringattn::core {
 
-// Keys per chunk: the chunk's K and V rows stay in L1 between the passes (32 rows each: 32 KiB in
-// all at D = 128 in f32, where 64 rows overflowed a 48 KiB L1), and a chunk's prefetches of the
-// next rows start sooner after the last ones.
+// Keys per chunk: a chunk's K and V rows stay in L1 between the passes (32 KiB at D = 128 in f32,
+// where 64 keys took 64 KiB of a 48 KiB L1); 16 to 128 were measured (docs/inference.md).
 inline constexpr Index kDecodeChunk = 32;
 
 // Scratch of decode_forward for up to `rows` query rows of head dim D (accumulation type A).
