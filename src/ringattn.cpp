@@ -318,6 +318,18 @@ AttentionReport Attention::report() const {
 
 // ---- KVCache ----------------------------------------------------------------------------------------
 
+namespace {
+
+// The prompt shard's K and V against this rank's L of prompt_len positions (InputError otherwise).
+template <class S>
+void check_prompt_kv(const KVCacheOptions& c, Index L, Index prompt_len, std::span<const S> k, std::span<const S> v) {
+  const std::string what = fmt::format("this rank's {} of {} prompt positions", L, prompt_len);
+  check_size("k", k, c.batch * L * c.kv_heads * c.head_dim, what);
+  check_size("v", v, c.batch * L * c.kv_heads * c.head_dim, what);
+}
+
+}  // namespace
+
 template <class S>
 KVCache<S>::KVCache(comm::Comm comm, const KVCacheOptions& options)
     : comm_(std::make_unique<comm::Comm>(std::move(comm))) {
@@ -349,13 +361,11 @@ template <class S>
 void KVCache<S>::prefill(Index prompt_len, std::span<const S> q, std::span<const S> k, std::span<const S> v,
                          std::span<A> o, std::span<A> lse) {
   const runtime::KVCacheOptions& c = shard_->options();
-  Index L = 0;
   agreed_setup(*comm_, "checking the prompt", [&] {
-    L = static_cast<Index>(shard_->prompt_positions(prompt_len).size());
+    const Index L = static_cast<Index>(shard_->prompt_positions(prompt_len).size());
     const std::string what = fmt::format("this rank's {} of {} prompt positions", L, prompt_len);
     check_size("q", q, c.batch * L * c.heads * c.head_dim, what);
-    check_size("k", k, c.batch * L * c.kv_heads * c.head_dim, what);
-    check_size("v", v, c.batch * L * c.kv_heads * c.head_dim, what);
+    check_prompt_kv(c, L, prompt_len, k, v);
     if (!o.empty()) check_size("o", o, c.batch * L * c.heads * c.head_dim, what);
     if (!lse.empty()) check_size("lse", lse, c.batch * c.heads * L, what);
   });
@@ -368,10 +378,7 @@ template <class S>
 void KVCache<S>::load(Index prompt_len, std::span<const S> k, std::span<const S> v) {
   const runtime::KVCacheOptions& c = shard_->options();
   agreed_setup(*comm_, "checking the prompt", [&] {
-    const Index L = static_cast<Index>(shard_->prompt_positions(prompt_len).size());
-    const std::string what = fmt::format("this rank's {} of {} prompt positions", L, prompt_len);
-    check_size("k", k, c.batch * L * c.kv_heads * c.head_dim, what);
-    check_size("v", v, c.batch * L * c.kv_heads * c.head_dim, what);
+    check_prompt_kv(c, static_cast<Index>(shard_->prompt_positions(prompt_len).size()), prompt_len, k, v);
   });
   comm_->set_timeout(runtime::prompt_timeout(c, prompt_len, comm_->size()));
   shard_->load(prompt_len, k.data(), v.data());

@@ -69,12 +69,12 @@ const std::uint16_t* bf16_bits(const S* x) {
   return reinterpret_cast<const std::uint16_t*>(x);
 }
 
-// Rows [0, n) of a product of packed rows (from chunk row i0) and packed keys (from tile key k0)
-// on AMX tiles, with epilogue e (see amx::scores): alpha times the raw sum, the scale applied after
-// the sum where the FMA kernels take Q' = alpha Q.
 template <class A>
 using Same = std::type_identity_t<A>;  // a parameter that takes A from the others (nullptr allowed)
 
+// Rows [0, n) of a product of packed rows (from chunk row i0) and packed keys (from tile key k0)
+// on AMX tiles, with epilogue e (see amx::scores): alpha times the raw sum, the scale applied after
+// the sum where the FMA kernels take Q' = alpha Q.
 template <class A>
 void tile_scores(amx::Epilogue e, const Workspace<A>& ws, const std::uint16_t* rows, Index i0, const std::uint16_t* keys,
                  Index k0, Index n, Index tk, A* S, Index lds, A alpha, const Same<A>* P, const Same<A>* delta,

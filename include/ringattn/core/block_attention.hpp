@@ -162,8 +162,8 @@ void compute_delta(const Packing& pk, const S* dout, const accum_t<S>* o, accum_
 // dk, dv (kv-like, shaped like the block):
 //   P = exp(S - m) / l, dP = dO V^T, dS = P o (dP - D),
 //   dQ += scale dS K,  dK += scale dS^T Q,  dV += P^T dO,
-// with dS times 1 - tanh^2(s / softcap) when the scores were soft-capped (softcap > 0). With a cap,
-// non-finite operands are not held to PyTorch's results.
+// with dS times 1 - tanh^2(s / softcap) when the scores were soft-capped (softcap > 0): 0 for an
+// infinite score, whose q or k then gets 0 * inf = NaN from it, as in torch.
 template <class S>
 Work block_backward(const GradQueryShard<S>& g, const KVBlock<S>& kv, const Mask& mask, accum_t<S> scale,
                     accum_t<S>* dk, accum_t<S>* dv, Workspace<accum_t<S>>& ws, Progress progress = {},
