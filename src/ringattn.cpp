@@ -334,14 +334,15 @@ template <class S>
 KVCache<S>::KVCache(comm::Comm comm, const KVCacheOptions& options)
     : comm_(std::make_unique<comm::Comm>(std::move(comm))) {
   const auto& names = runtime::cpp_names();
+  // The shard's constructor checks the options on this rank alone: built inside the agreement, so
+  // that one rank's bad option raises on every rank.
   agreed_setup(*comm_, "building the KV cache", [&] {
     const core::DType t = runtime::parse_dtype(options.dtype, names);
     if (t != core::dtype_of<S>())
       throw InputError(fmt::format("dtype: '{}' is not this KVCache's storage ({})", options.dtype,
                                    core::dtype_name(core::dtype_of<S>())));
+    shard_ = std::make_unique<runtime::KVCacheShard<S>>(*comm_, options, names);
   });
-  // The shard's constructor checks the options and agrees on its errors itself.
-  shard_ = std::make_unique<runtime::KVCacheShard<S>>(*comm_, options, names);
   comm_->set_timeout(runtime::prompt_timeout(options, 1, comm_->size()));
 }
 

@@ -243,6 +243,10 @@ TEST(LibraryKVCache, BadInputThrowsTheSameMessageOnEveryRank) {
   msg = caught([&] { KVCache<float> bad(comm::Comm::world(), co); });
   EXPECT_NE(msg.find("merge: 'tree' is not a merge"), std::string::npos) << msg;
   expect_same_everywhere(msg);
+  co.merge = world().rank() == world().size() - 1 ? "tree" : "allreduce";  // on one rank only
+  msg = caught([&] { KVCache<float> bad(comm::Comm::world(), co); });
+  EXPECT_NE(msg.find("merge: 'tree' is not a merge"), std::string::npos) << msg;
+  expect_same_everywhere(msg);
   co.merge = "allreduce";
   KVCache<float> cache(comm::Comm::world(), co);
   const Index L = Index(cache.positions(10).size());
