@@ -32,6 +32,13 @@
 
 namespace ringattn::core {
 
+// How the products with one f32 operand (P V, P^T dO, dS K, dS^T Q) take that operand:
+//   f32:  exactly (the default; every storage type);
+//   bf16: P and dS rounded to bf16 first, as FlashAttention and PyTorch's CPU flash kernel do, so
+//         that with bf16 storage every product has two bf16 operands and runs on bf16 dot products
+//         where the CPU has them (AMX tiles). bf16 storage only (the plan refuses it otherwise).
+enum class Precision { f32, bf16 };
+
 struct Tiling {
   Index q_rows = 0;       // rows of a query tile (positions x heads); 0: the SIMD target's default
   Index k_cols = 0;       // keys of a K/V tile; 0: the SIMD target's default
@@ -82,6 +89,7 @@ struct Workspace {
   // (bf16 bits; Dp = D rounded up to 32; see src/core/amx_tiles.hpp)
   Index ldk = 0;
   AlignedVector<std::uint16_t> qb, dob, kb, vb;
+  Precision precision = Precision::f32;  // set by the caller after construction
 };
 
 // Whether the kernels compute the bf16 products S = Q K^T and dP = dO V^T on AMX tiles now (Intel

@@ -72,6 +72,7 @@ struct StrategySetup {
   // none. Read at every forward, so the owner may change the values between calls.
   const double* sinks = nullptr;
   double softcap = 0;  // c > 0: scores soft-capped, s -> c tanh(s / c); 0: none
+  core::Precision precision = core::Precision::f32;  // the products' f32 operands (core::Precision)
   StrategyKind kind = StrategyKind::ring;
   int ulysses_degree = 1;  // usp: ranks per all-to-all group (U); ulysses: N; ring: 1
   int kv_head_group = 1;   // allgather: KV heads gathered together (divides HKV)

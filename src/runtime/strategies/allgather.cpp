@@ -89,6 +89,7 @@ AllGatherAttention<S>::AllGatherAttention(const comm::Comm& comm, const Strategy
       groups_(static_cast<int>(setup.shape.HKV / setup.kv_head_group)),
       ws_(core::resolve_tiling(setup.tiling, setup.shape.D, setup.layout->max_size(), setup.shape.G()),
           setup.shape.D) {
+  ws_.precision = setup.precision;
   const core::Shape& sh = s_.shape;
   L_ = s_.layout->size(r_);
   pq_ = core::Packing{sh.B, G_, sh.G(), L_, sh.D};

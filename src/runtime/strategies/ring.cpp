@@ -27,6 +27,7 @@ RingAttention<T>::RingAttention(const comm::Comm& comm, const StrategySetup& set
       r_(comm.rank()),
       N_(comm.size()),
       ws_(core::resolve_tiling(setup.tiling, setup.shape.D, setup.layout->max_size(), setup.shape.G()), setup.shape.D) {
+  ws_.precision = setup.precision;
   const core::Shape& sh = s_.shape;
   L_ = s_.layout->size(r_);
   pq_ = core::Packing{sh.B, sh.HKV, sh.G(), L_, sh.D};
