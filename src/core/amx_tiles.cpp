@@ -69,6 +69,17 @@ void epilogue(Epilogue e, const float* C, Index rows, Index cols, float* S, Inde
   }
 }
 
+// O = c O + C over one 16 x 16 result tile: rows [0, rows), columns [0, cols) of O (row stride ldo),
+// one FMA per element as the FMA kernels' accumulate ends (c null: 1).
+void add_epilogue(const float* C, Index rows, Index cols, float* O, Index ldo, const float* c) {
+  const __mmask16 keep = static_cast<__mmask16>((1u << cols) - 1u);
+  for (Index i = 0; i < rows; ++i) {
+    float* o = O + i * ldo;
+    const __m512 ci = _mm512_set1_ps(c ? c[i] : 1.0f);
+    _mm512_mask_storeu_ps(o, keep, _mm512_fmadd_ps(ci, _mm512_maskz_loadu_ps(keep, o), _mm512_load_ps(C + 16 * i)));
+  }
+}
+
 }  // namespace
 
 bool compiled() { return true; }
@@ -115,6 +126,29 @@ void scores(Epilogue e, const std::uint16_t* A, Index n, const std::uint16_t* B,
   }
 }
 
+void accumulate(const std::uint16_t* A, Index n, Index Kp, const std::uint16_t* B, Index ldc, Index D, float* O,
+                Index ldo, const float* c) {
+  alignas(64) float C[4 * 256];
+  constexpr Index T = kTileRows;
+  for (Index i0 = 0; i0 < n; i0 += 2 * T) {
+    const int mr = n - i0 > T ? 2 : 1;
+    for (Index j0 = 0; j0 < D; j0 += 2 * T) {
+      const int nc = D - j0 > T ? 2 : 1;
+      const std::uint16_t* a = A + i0 * Kp;
+      const std::uint16_t* b = B + 2 * j0;
+      if (mr == 2 && nc == 2) product<2, 2>(a, Kp, b, ldc, C);
+      else if (mr == 2) product<2, 1>(a, Kp, b, ldc, C);
+      else if (nc == 2) product<1, 2>(a, Kp, b, ldc, C);
+      else product<1, 1>(a, Kp, b, ldc, C);
+      for (int r = 0; r < mr; ++r)
+        for (int q = 0; q < nc; ++q) {
+          const Index i = i0 + r * T, j = j0 + q * T;
+          add_epilogue(C + 256 * (2 * r + q), least(T, n - i), least(T, D - j), O + i * ldo + j, ldo, c ? c + i : nullptr);
+        }
+    }
+  }
+}
+
 }  // namespace ringattn::core::amx
 
 #else  // no tile instructions in this build: amx::enabled() is false and nothing here is called
@@ -125,6 +159,7 @@ TileScope::TileScope() {}
 TileScope::~TileScope() {}
 void scores(Epilogue, const std::uint16_t*, Index, const std::uint16_t*, Index, Index, Index, float*, Index, float,
             const float*, const float*, float*) {}
+void accumulate(const std::uint16_t*, Index, Index, const std::uint16_t*, Index, Index, float*, Index, const float*) {}
 }  // namespace ringattn::core::amx
 
 #endif

@@ -1,8 +1,9 @@
 #pragma once
-// bf16 score products on Intel AMX tiles (private to src/core). Where both operands of a product
-// are stored in bf16 (S = Q K^T, dP = dO V^T), the products of two bf16 values are exact in f32
-// and AMX's tdpbf16ps sums them in f32: the same scores as the f32 FMA kernels up to the order of
-// the sum, at many times their rate. Used only when the CPU has AMX-BF16 and AVX-512, Linux grants
+// bf16 products on Intel AMX tiles (private to src/core). Where both operands of a product are
+// bf16 (S = Q K^T, dP = dO V^T with bf16 storage; with Precision::bf16 also P V, P^T dO, dS K and
+// dS^T Q, P and dS rounded to bf16), the products of two bf16 values are exact in f32 and AMX's
+// tdpbf16ps sums them in f32: the same results as the f32 FMA kernels up to the order of the sum,
+// at many times their rate. Used only when the CPU has AMX-BF16 and AVX-512, Linux grants
 // the tile data state, and RINGATTN_AMX is not 0 (enabled()).
 //
 // The intrinsics live in amx_tiles.cpp, the one file compiled with AMX and AVX-512 flags; it
@@ -17,6 +18,17 @@
 // with Dp = D rounded up to 32 (one tile row of bf16). The tile walk reads A rows up to 15 past
 // the last row asked for and B keys up to 15 past the last key: the buffers hold them (zeros or
 // other rows; those products are never stored).
+//
+// The accumulate products O = c O + A B (Precision::bf16) have depth keys (P V, dS K) or query rows
+// (P^T dO, dS^T Q), and output columns D:
+//   A (P or dS rounded, or their transposes)  [m, Kp]     row r: `lead` zeros, then the f32 tile's
+//                                                         row (or column) r rounded to bf16, zero to Kp
+//   B (V, K per tile; dO, Q per chunk)       [*, 2 ldc]  B[kk][2 d + t] = X[2 kk + t][d] (pairs of
+//                                                         consecutive rows of X), zero past D
+// with Kp = lead + depth rounded up to 32. A piece's depth may start at an odd row of B (strips and
+// trimmed keys): lead = 1 then, and the product starts at the pair before it, whose first row meets
+// A's zero. B's rows past the depth meet A's zeros too: they must be finite (the callers use this
+// path only for finite head groups, and the packing zeroes kDepthStep rows past the end).
 #include <cstdint>
 
 namespace ringattn::core::amx {
@@ -50,6 +62,25 @@ inline Index packed_keys(Index k_cols) {
 void pack_rows(const std::uint16_t* X, Index n, Index D, std::uint16_t* A, Index pad = kTileRows);
 // B from keys [0, tk) of X (row stride D): pairs of depth, ldk keys per row, zero past tk and D.
 void pack_pairs(const std::uint16_t* X, Index tk, Index D, Index ldk, std::uint16_t* B);
+
+// A [n + kTileRows, Kp] from the f32 tile P [n, depth] (row stride ldp), each value rounded to the
+// nearest bf16 (ties to even; NaN stays NaN, overflow becomes inf), row i = `lead` zeros, P's row i,
+// zeros to Kp = padded_depth(lead + depth); then kTileRows zero rows.
+void pack_rounded_rows(const float* P, Index n, Index depth, Index ldp, Index lead, std::uint16_t* A);
+// The same for P^T: A [m + kTileRows, Kp], row j = `lead` zeros, then P[0, j] .. P[depth - 1, j]
+// rounded, zero to Kp = padded_depth(lead + depth) (P [depth, m], row stride ldp).
+void pack_rounded_cols(const float* P, Index depth, Index m, Index ldp, Index lead, std::uint16_t* A);
+// B from rows [0, n) of X (row stride D): pairs of consecutive rows, ldc columns per row (2 ldc
+// bf16), zero past D and for kDepthStep + 1 rows past n.
+void pack_row_pairs(const std::uint16_t* X, Index n, Index D, Index ldc, std::uint16_t* B);
+// Rows of a packed B that pack_row_pairs fills for n rows of X.
+inline Index row_pairs(Index n) { return (n + kDepthStep + 2) / 2; }
+
+// O = c O + A B over Kp for n rows of A and D columns: O row stride ldo, c per row (null: 1), the
+// sum formed on tiles and added to c O by one FMA per element. A's rows at `A` (row stride Kp), B's
+// pair rows at `B` (row stride 2 ldc). The calling thread must hold a TileScope.
+void accumulate(const std::uint16_t* A, Index n, Index Kp, const std::uint16_t* B, Index ldc, Index D, float* O,
+                Index ldo, const float* c);
 
 enum class Epilogue { max, store, grad };
 

@@ -94,7 +94,13 @@ Workspace<A>::Workspace(const Tiling& t, Index head_dim) : tiling(t), D(head_dim
     dob.assign((R + amx::kTileRows) * Dp, 0);
     kb.assign(Dp * ldk, 0);
     vb.assign(Dp * ldk, 0);
+    ldc = amx::packed_keys(D);
+    pb.assign((t.q_rows + amx::kTileRows) * amx::padded_depth(t.k_cols + 1), 0);
+    pbt.assign((t.k_cols + amx::kTileRows) * amx::padded_depth(t.q_rows + 1), 0);
+    for (auto* b : {&vpb, &kpb}) b->assign(amx::row_pairs(t.k_cols) * 2 * ldc, 0);
+    for (auto* b : {&qpb, &dopb}) b->assign(amx::row_pairs(R) * 2 * ldc, 0);
   }
+  if (std::is_same_v<A, float>) pr.assign(t.q_rows * ld + kPad, A(0));
 }
 
 template <class A>
@@ -107,8 +113,14 @@ Index Workspace<A>::bytes(const Tiling& t, Index head_dim) {
   Index amx_bytes = 0;
   if (amx_buffers<A>()) {
     const Index Dp = amx::padded_depth(D);
-    amx_bytes = Index(sizeof(std::uint16_t)) * (2 * (R + amx::kTileRows) * Dp + 2 * Dp * amx::packed_keys(t.k_cols));
+    const Index ldc = amx::packed_keys(D);
+    Index b = 2 * (R + amx::kTileRows) * Dp + 2 * Dp * amx::packed_keys(t.k_cols);
+    b += (t.q_rows + amx::kTileRows) * amx::padded_depth(t.k_cols + 1);
+    b += (t.k_cols + amx::kTileRows) * amx::padded_depth(t.q_rows + 1);
+    b += 2 * amx::row_pairs(t.k_cols) * 2 * ldc + 2 * amx::row_pairs(R) * 2 * ldc;
+    amx_bytes = Index(sizeof(std::uint16_t)) * b;
   }
+  if (std::is_same_v<A, float>) n += t.q_rows * ld + kPad;
   return n * Index(sizeof(A)) + amx_bytes;
 }
 

@@ -98,6 +98,29 @@ bool amx_products(const Workspace<A>& ws, std::optional<amx::TileScope>& scope) 
   }
 }
 
+// Whether this kernel rounds P and dS to bf16 before their products (Precision::bf16, bf16 storage
+// computing in float; the field means nothing for the other types).
+template <class S, class A>
+bool rounds_to_bf16(const Workspace<A>& ws) {
+  return kAmxTypes<S, A> && ws.precision == Precision::bf16;
+}
+
+// O = c O + X B on AMX tiles (Precision::bf16) for the f32 tile X [n, depth] (row stride ldx; kTrans:
+// X^T, [depth, n] read down its columns) rounded to bf16 into A (`packed`), and the packed pairs of
+// rows B from row `b0` of the depth on (the pair of b0's row when it is odd: A then leads with a zero).
+template <bool kTrans, class A>
+void tile_accumulate(const A* X, Index n, Index depth, Index ldx, std::uint16_t* packed, const std::uint16_t* B,
+                     Index b0, Index ldc, Index D, A* O, const Same<A>* c) {
+  if constexpr (std::is_same_v<A, float>) {
+    const Index lead = b0 & 1, Kp = amx::padded_depth(lead + depth);
+    if (kTrans)
+      amx::pack_rounded_cols(X, depth, n, ldx, lead, packed);
+    else
+      amx::pack_rounded_rows(X, n, depth, ldx, lead, packed);
+    amx::accumulate(packed, n, Kp, B + (b0 - lead) * ldc, ldc, D, O, D, c);
+  }
+}
+
 // ---- the two kernels ------------------------------------------------------------------------------
 
 template <class S, class A>
@@ -112,6 +135,7 @@ Work forward_impl(const QueryShard<S>& q, const KVBlock<S>& kv, const Mask& mask
   const Index ldk = ws.ld, lds = ws.ld, ldv = ws.ldd;
   std::optional<amx::TileScope> scope;
   const bool use_amx = amx_products<S>(ws, scope);
+  const bool bf16p = rounds_to_bf16<S>(ws);
   for (Index b = 0; b < q.pk.B; ++b)
     for (Index g = 0; g < q.pk.HKV; ++g) {
       const S* qg = q.q + q.pk.q_group(b, g);
@@ -123,6 +147,7 @@ Work forward_impl(const QueryShard<S>& q, const KVBlock<S>& kv, const Mask& mask
       const bool nonfinite = any_nonfinite(qg, rows * D) || any_nonfinite(kg, Lk * D) || any_nonfinite(vg, Lk * D);
       // AMX scores for finite operands; the exact paths of non-finite ones read Q' (nan_rows)
       const bool tiles = use_amx && !nonfinite;
+      const bool pv_tiles = tiles && bf16p;  // P V on AMX too (Precision::bf16)
       Index q0 = 0, c0 = 0;
       walk::for_each_tile(
           mask, q.pos, G, kv.pos, rows, Lk, t, ws.R,
@@ -133,13 +158,16 @@ Work forward_impl(const QueryShard<S>& q, const KVBlock<S>& kv, const Mask& mask
             else
               scaled_rows(qg + a * D, e - a, D, alpha, ws.qs.data());
           },
-          [&](Index c, Index tk) {  // the K/V tile: K^T (AMX: K packed), and V's rows as A
+          [&](Index c, Index tk) {  // the K/V tile: K^T (AMX: K packed), and V's rows as A (or pairs of keys)
             c0 = c;
             if (tiles)
               amx::pack_pairs(bf16_bits(kg + c * D), tk, D, ws.ldk, ws.kb.data());
             else
               transpose_rows(kg + c * D, tk, D, ws.kt.data(), ldk);
-            copy_rows(vg + c * D, tk, D, ws.vw.data(), ldv);
+            if (pv_tiles)
+              amx::pack_row_pairs(bf16_bits(vg + c * D), tk, D, ws.ldc, ws.vpb.data());
+            else
+              copy_rows(vg + c * D, tk, D, ws.vw.data(), ldv);
           },
           [&](const walk::Tile& tile, TileClass tile_cls) {
             walk::for_each_piece(mask, q.pos, G, kv.pos, tile, tile_cls, t.strip_rows,
@@ -193,10 +221,14 @@ Work forward_impl(const QueryShard<S>& q, const KVBlock<S>& kv, const Mask& mask
               std::copy_n(m_new, n, m);
               pow_rows(c, n);
               for (Index i = 0; i < n; ++i) l[i] = c[i] * l[i] + ws.rowsum[i];
-              // sweep 3: O = c O + P V
+              // sweep 3: O = c O + P V (Precision::bf16: P rounded to bf16 first, after l took its sum)
+              if (pv_tiles)
+                tile_accumulate<false>(Sc, n, tk, lds, ws.pb.data(), ws.vpb.data(), k0, ws.ldc, D, ag + p.r0 * D, c);
+              else if (bf16p)
+                round_bf16_tile(Sc, Sc, n, tk, lds);
               if (exact)
                 visible_accumulate(Sc, n, lds, tk, ws.vw.data() + k0 * ldv, ldv, D, c, ag + p.r0 * D, D, sees);
-              else
+              else if (!pv_tiles)
                 accumulate<false, A>(Sc, n, lds, tk, ws.vw.data() + k0 * ldv, ldv, D, c, ag + p.r0 * D, D);
               work.flops += 4.0 * double(n) * double(tk) * double(D);
             });
@@ -220,6 +252,7 @@ Work backward_impl(const GradQueryShard<S>& gq, const KVBlock<S>& kv, const Mask
   const Index ld = ws.ld, ldd = ws.ldd;
   std::optional<amx::TileScope> scope;
   const bool use_amx = amx_products<S>(ws, scope);
+  const bool bf16p = rounds_to_bf16<S>(ws);
   for (Index b = 0; b < q.pk.B; ++b)
     for (Index g = 0; g < q.pk.HKV; ++g) {
       const Index qo = q.pk.q_group(b, g), ro = q.pk.row_group(b, g), ko = kv.pk.kv_group(b, g);
@@ -230,6 +263,7 @@ Work backward_impl(const GradQueryShard<S>& gq, const KVBlock<S>& kv, const Mask
                              any_nonfinite(gq.l + ro, rows) || any_nonfinite(gq.delta + ro, rows);
       const bool s_tiles = use_amx && !qkv_nonfinite;
       const bool dp_tiles = use_amx && !nonfinite;  // the exact paths read V^T (visible_backward)
+      const bool acc_tiles = dp_tiles && bf16p;      // Precision::bf16: the three accumulates on AMX too
       Index q0 = 0, c0 = 0;
       const A *Qc = ws.qw.data(), *dOc = ws.dow.data(), *K = ws.kw.data();
       walk::for_each_tile(
@@ -241,8 +275,13 @@ Work backward_impl(const GradQueryShard<S>& gq, const KVBlock<S>& kv, const Mask
             else
               scaled_rows(q.q + qo + a * D, e - a, D, alpha, ws.qs.data());
             if (dp_tiles) amx::pack_rows(bf16_bits(gq.dout + qo + a * D), e - a, D, ws.dob.data());
-            copy_rows(q.q + qo + a * D, e - a, D, ws.qw.data(), ldd);
-            copy_rows(gq.dout + qo + a * D, e - a, D, ws.dow.data(), ldd);
+            if (acc_tiles) {  // Q and dO as pairs of rows, the B of dK += dS^T Q and dV += P^T dO
+              amx::pack_row_pairs(bf16_bits(q.q + qo + a * D), e - a, D, ws.ldc, ws.qpb.data());
+              amx::pack_row_pairs(bf16_bits(gq.dout + qo + a * D), e - a, D, ws.ldc, ws.dopb.data());
+            } else {
+              copy_rows(q.q + qo + a * D, e - a, D, ws.qw.data(), ldd);
+              copy_rows(gq.dout + qo + a * D, e - a, D, ws.dow.data(), ldd);
+            }
           },
           [&](Index c, Index tk) {  // the K/V tile: K^T and V^T (AMX: K, V packed); K's rows as A
             c0 = c;
@@ -254,7 +293,10 @@ Work backward_impl(const GradQueryShard<S>& gq, const KVBlock<S>& kv, const Mask
               amx::pack_pairs(bf16_bits(kv.v + ko + c * D), tk, D, ws.ldk, ws.vb.data());
             else
               transpose_rows(kv.v + ko + c * D, tk, D, ws.vt.data(), ld);
-            copy_rows(kv.k + ko + c * D, tk, D, ws.kw.data(), ldd);
+            if (acc_tiles)  // K as pairs of keys, the B of dQ += dS K
+              amx::pack_row_pairs(bf16_bits(kv.k + ko + c * D), tk, D, ws.ldc, ws.kpb.data());
+            else
+              copy_rows(kv.k + ko + c * D, tk, D, ws.kw.data(), ldd);
           },
           [&](const walk::Tile& tile, TileClass tile_cls) {
             walk::for_each_piece(mask, q.pos, G, kv.pos, tile, tile_cls, t.strip_rows,
@@ -282,16 +324,23 @@ Work backward_impl(const GradQueryShard<S>& gq, const KVBlock<S>& kv, const Mask
                 exp_tile<true, A>(P, n, tk, ld, m, inv, nullptr);
               if (nonfinite && cls == TileClass::partial) {  // passes 2-4 over the visible pairs only
                 visible_backward(P, dS, n, tk, ld, dOc + i0 * ldd, Qc + i0 * ldd, K + k0 * ldd, ws.vt.data() + k0, ldd,
-                                 D, l, gq.delta + ro + p.r0, scale, cap > A(0), gq.dq + qo + p.r0 * D, dk + ko + p.c0 * D,
+                                 D, l, gq.delta + ro + p.r0, scale, cap > A(0), bf16p, gq.dq + qo + p.r0 * D, dk + ko + p.c0 * D,
                                  dv + ko + p.c0 * D, [&](Index i, Index j) {
                                    return mask.visible(q.pos[(p.r0 + i) / G], kv.pos[p.c0 + j]);
                                  });
                 work.flops += 10.0 * double(n) * double(tk) * double(D);
                 return;
               }
-              // sweep 2: dV += P^T dO
+              // sweep 2: dV += P^T dO (Precision::bf16: P rounded to bf16 for this product only)
               A* dVp = dv + ko + p.c0 * D;
-              accumulate<true, A>(P, tk, ld, n, dOc + i0 * ldd, ldd, D, nullptr, dVp, D);
+              if (acc_tiles) {
+                tile_accumulate<true>(P, tk, n, ld, ws.pbt.data(), ws.dopb.data(), i0, ws.ldc, D, dVp, nullptr);
+              } else if (bf16p) {
+                round_bf16_tile(P, ws.pr.data(), n, tk, ld);
+                accumulate<true, A>(ws.pr.data(), tk, ld, n, dOc + i0 * ldd, ldd, D, nullptr, dVp, D);
+              } else {
+                accumulate<true, A>(P, tk, ld, n, dOc + i0 * ldd, ldd, D, nullptr, dVp, D);
+              }
               // in the forward pass this was: s' = c tanh(s / c), so now: dS takes 1 - tanh^2
               if (cap > A(0)) mul_tile(P, dS, n, tk, ld);
               // sweep 3: dS = scale P o (dO V^T - delta), formed as it is stored
@@ -301,9 +350,17 @@ Work backward_impl(const GradQueryShard<S>& gq, const KVBlock<S>& kv, const Mask
               else
                 scores<Epilogue::grad, A>(dOc + i0 * ldd, n, ldd, D, ws.vt.data() + k0, ld, tk, dS, ld, P,
                                           gq.delta + ro + p.r0, scale, nullptr, nullptr);
-              // sweep 4: dQ += dS K, dK += dS^T Q
-              accumulate<false, A>(dS, n, ld, tk, K + k0 * ldd, ldd, D, nullptr, gq.dq + qo + p.r0 * D, D);
-              accumulate<true, A>(dS, tk, ld, n, Qc + i0 * ldd, ldd, D, nullptr, dk + ko + p.c0 * D, D);
+              // sweep 4: dQ += dS K, dK += dS^T Q (Precision::bf16: dS rounded to bf16 first)
+              if (acc_tiles) {
+                tile_accumulate<false>(dS, n, tk, ld, ws.pb.data(), ws.kpb.data(), k0, ws.ldc, D, gq.dq + qo + p.r0 * D,
+                                       nullptr);
+                tile_accumulate<true>(dS, tk, n, ld, ws.pbt.data(), ws.qpb.data(), i0, ws.ldc, D, dk + ko + p.c0 * D,
+                                      nullptr);
+              } else {
+                if (bf16p) round_bf16_tile(dS, dS, n, tk, ld);
+                accumulate<false, A>(dS, n, ld, tk, K + k0 * ldd, ldd, D, nullptr, gq.dq + qo + p.r0 * D, D);
+                accumulate<true, A>(dS, tk, ld, n, Qc + i0 * ldd, ldd, D, nullptr, dk + ko + p.c0 * D, D);
+              }
               work.flops += 10.0 * double(n) * double(tk) * double(D);
             });
             ++work.tile_pairs;

@@ -216,6 +216,49 @@ void pow_rows(A* x, Index n) {
   }
 }
 
+// ---- Precision::bf16 ------------------------------------------------------------------------------
+
+// dst = src rounded to the nearest bf16 value (ties to even), kept as f32, for n rows of tk (row
+// strides ld; dst may be src): the integer form of the conversion, u + 0x7fff + (bit 16 of u) with
+// the low 16 bits cleared, so a finite value past the largest bf16 carries into the exponent and
+// becomes inf as a conversion would, inf stays inf, and NaN (whose carry could reach the sign or
+// leave a payload of zeros, an inf) is kept as it is.
+// (A = double: bf16 precision is float's alone; never called.)
+template <class A>
+void round_bf16_tile(const A* src, A* dst, Index n, Index tk, Index ld) {
+  if constexpr (std::is_same_v<A, float>) {
+    const Tag<A> d;
+    const hn::RebindToUnsigned<decltype(d)> du;
+    const Index N = static_cast<Index>(hn::Lanes(d));
+    const auto bias = hn::Set(du, 0x7fffu), one = hn::Set(du, 1u), high = hn::Set(du, 0xffff0000u);
+    auto round = [&](auto x) HWY_ATTR {
+      const auto u = hn::BitCast(du, x);
+      const auto r = hn::And(hn::Add(u, hn::Add(bias, hn::And(hn::ShiftRight<16>(u), one))), high);
+      return hn::IfThenElse(hn::IsNaN(x), x, hn::BitCast(d, r));
+    };
+    for (Index i = 0; i < n; ++i) {
+      const A* s = src + i * ld;
+      A* t = dst + i * ld;
+      Index j = 0;
+      for (; j + N <= tk; j += N) hn::StoreU(round(hn::LoadU(d, s + j)), d, t + j);
+      if (j < tk) {
+        const auto mask = hn::FirstN(d, static_cast<size_t>(tk - j));
+        hn::BlendedStore(round(hn::MaskedLoad(mask, d, s + j)), mask, d, t + j);
+      }
+    }
+  }
+}
+
+// One value rounded as round_bf16_tile does (the scalar exact paths).
+template <class A>
+HWY_INLINE A round_bf16(A x) {
+  if constexpr (std::is_same_v<A, float>) {
+    return std::isnan(x) ? x : to_float(to_bf16(x));
+  } else {
+    return x;
+  }
+}
+
 // ---- soft-capping ---------------------------------------------------------------------------------
 
 // Scores of the n x tk tile S (row stride lds) soft-capped in place, S = c tanh(S / c), with c the

@@ -16,6 +16,7 @@
 #include <cmath>
 #include <limits>
 
+#include "core/kernel_math-inl.hpp"  // round_bf16
 #include "ringattn/core/block_attention.hpp"
 
 HWY_BEFORE_NAMESPACE();
@@ -71,11 +72,12 @@ void visible_accumulate(const A* P, Index n, Index ldp, Index tk, const A* V, In
 // P and dS are n x tk tiles of row stride ld; VT is V^T (row stride ld), the others rows of stride
 // ldd (dQ, dK, dV: D). With soft-capping (capped), dS holds the cap's derivative 1 - tanh^2 on entry
 // and each dS takes it as factor: 0 for an infinite score, so that its key (or query) gets
-// 0 * inf = NaN in dK (dQ) from this pair, as torch's autograd gives.
+// 0 * inf = NaN in dK (dQ) from this pair, as torch's autograd gives. With bf16 (Precision::bf16),
+// dS is formed from the f32 P and the products take P and dS rounded to bf16 (round_bf16).
 template <class A, class Sees>
 void visible_backward(A* P, A* dS, Index n, Index tk, Index ld, const A* dO, const A* Q, const A* K, const A* VT,
-                      Index ldd, Index D, const A* l, const A* delta, A scale, bool capped, A* dq, A* dk, A* dv,
-                      Sees&& sees) {
+                      Index ldd, Index D, const A* l, const A* delta, A scale, bool capped, bool bf16, A* dq, A* dk,
+                      A* dv, Sees&& sees) {
   for (Index i = 0; i < n; ++i) {
     const bool nan_row = !std::isfinite(l[i]);
     for (Index j = 0; j < tk; ++j) {
@@ -94,7 +96,7 @@ void visible_backward(A* P, A* dS, Index n, Index tk, Index ld, const A* dO, con
   for (Index i = 0; i < n; ++i)
     for (Index j = 0; j < tk; ++j) {
       if (!sees(i, j)) continue;
-      const A s = dS[i * ld + j], p = P[i * ld + j];
+      const A s = bf16 ? round_bf16(dS[i * ld + j]) : dS[i * ld + j], p = bf16 ? round_bf16(P[i * ld + j]) : P[i * ld + j];
       for (Index d = 0; d < D; ++d) {
         dq[i * D + d] = std::fma(s, K[j * ldd + d], dq[i * D + d]);
         dk[j * D + d] = std::fma(s, Q[i * ldd + d], dk[j * D + d]);

@@ -197,4 +197,189 @@ TEST(AmxTiles, Bf16KernelsAgreeWithAndWithoutAmx) {
   amx::set_enabled(was);
 }
 
+// The accumulate products of Precision::bf16 (amx::accumulate) on random tiles, against float64:
+// O = c O + round(X) B with X an f32 tile (or its transpose) rounded to bf16 by the packing, B packed
+// as pairs of rows, the depth starting at an even or an odd row of B (lead), every remainder of the
+// 16 x 16 result tiles. The products are exact, so the error is the f32 sum's.
+TEST(AmxTiles, AccumulateMatchesFloat64OnRandomTiles) {
+  REQUIRE_AMX();
+  std::mt19937 rng(11);
+  std::normal_distribution<float> nd;
+  amx::TileScope scope;
+  struct Acc {
+    Index n, depth, D, b0;  // output rows, depth, columns, first row of B the depth starts at
+    bool trans, rescale;
+  };
+  for (const Acc c : {Acc{1, 1, 1, 0, false, false}, Acc{16, 32, 16, 0, false, true}, Acc{37, 45, 37, 3, false, true},
+                      Acc{128, 256, 64, 0, false, true}, Acc{33, 17, 128, 5, true, false}, Acc{7, 100, 80, 1, true, false},
+                      Acc{50, 64, 1, 0, true, false}, Acc{64, 33, 96, 32, false, false}, Acc{256, 128, 64, 31, true, false}}) {
+    SCOPED_TRACE(testing::Message() << "n=" << c.n << " depth=" << c.depth << " D=" << c.D << " b0=" << c.b0
+                                    << (c.trans ? " transposed" : ""));
+    // X [n, depth] (transposed: [depth, n]) in f32 with a stride of its own; B's source rows [b0 + depth, D]
+    const Index xr = c.trans ? c.depth : c.n, xc = c.trans ? c.n : c.depth, ldx = xc + 3;
+    std::vector<float> X(xr * ldx);
+    for (auto& x : X) x = nd(rng);
+    const Index rows = c.b0 + c.depth, ldc = amx::packed_keys(c.D);
+    const std::vector<std::uint16_t> Y = random_bf16(rows * c.D, rng);
+    std::vector<std::uint16_t> B(amx::row_pairs(rows) * 2 * ldc, 0xFFFF);  // NaN bits: must be overwritten
+    amx::pack_row_pairs(Y.data(), rows, c.D, ldc, B.data());
+    const Index lead = c.b0 & 1, Kp = amx::padded_depth(lead + c.depth);
+    std::vector<std::uint16_t> A((c.n + amx::kTileRows) * Kp, 0xFFFF);
+    if (c.trans)
+      amx::pack_rounded_cols(X.data(), c.depth, c.n, ldx, lead, A.data());
+    else
+      amx::pack_rounded_rows(X.data(), c.n, c.depth, ldx, lead, A.data());
+    const Index ldo = c.D + 5;
+    std::vector<float> O(c.n * ldo), O0, scale(c.n);
+    for (auto& o : O) o = nd(rng);
+    for (auto& x : scale) x = 0.5f + 0.5f * std::abs(nd(rng));
+    O0 = O;
+    amx::accumulate(A.data(), c.n, Kp, B.data() + (c.b0 - lead) * ldc, ldc, c.D, O.data(), ldo,
+                    c.rescale ? scale.data() : nullptr);
+    double worst = 0;
+    for (Index i = 0; i < c.n; ++i) {
+      for (Index d = 0; d < c.D; ++d) {
+        double sum = 0, mag = 0;
+        for (Index k = 0; k < c.depth; ++k) {
+          const float x = c.trans ? X[k * ldx + i] : X[i * ldx + k];
+          const double p = double(to_float(to_bf16(x))) * value(Y[(c.b0 + k) * c.D + d]);
+          sum += p;
+          mag += std::abs(p);
+        }
+        const double o0 = O0[i * ldo + d], want = (c.rescale ? scale[i] : 1.0) * o0 + sum;
+        // f32 sum of exact products and one FMA: |error| <= depth eps (sum |products| + |c O|)
+        worst = std::max(worst, std::abs(O[i * ldo + d] - want) / (mag + std::abs(o0) + 1e-30));
+      }
+      for (Index d = c.D; d < ldo; ++d) ASSERT_EQ(O[i * ldo + d], O0[i * ldo + d]) << "written past D: " << i << "," << d;
+    }
+    EXPECT_LE(worst, 1e-6 * std::max<double>(1.0, double(c.depth) / 8));
+  }
+}
+
+// Precision::bf16 with AMX (all four accumulate products and the score products on tiles) against
+// the same kernels without it, on inputs whose every product before the rounding is exact in f32 in
+// any order: multiples of 1/8 below 3 in magnitude (a dot product of up to 128 is a multiple of 2^-6
+// below 2^11, 17 bits), and a scale whose log2 e multiple (the kernels fold log2 e into it) is a
+// power of two. The scores, hence P, and dP are then the same bits on both paths, so the bf16
+// rounding meets the same values, and the results differ only by the order of the f32 sums of P V,
+// P^T dO, dS K and dS^T Q. The backward runs from one forward state (the one without AMX), so that
+// delta (and dS) is the same bits too. Random inputs instead would let an ulp of difference in a
+// score flip the rounding of its P by 2^-8 now and then, which no tight tolerance covers.
+// With such V and dO, though, the sums of P V and P^T dO come out exact in any order as well, and
+// the two paths would agree bit for bit whether AMX ran or not: O and dV, which do not depend on dP,
+// are compared on a second draw of V and dO as plain random bf16 (rich), whose sums round.
+struct Exact {
+  std::vector<bf16> q, k, v, dout;
+  std::vector<Index> qpos, kpos;
+  float scale = 0;
+};
+
+Exact exact_operands(Index Lq, Index Lk, Index G, Index D, bool rich_v_dout, std::mt19937::result_type seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> nd;
+  auto fill = [&](Index n, bool rich) {
+    std::vector<bf16> x(n);
+    for (auto& v : x) v = to_bf16(rich ? nd(rng) : std::clamp(std::round(8.f * nd(rng)), -23.f, 23.f) / 8.f);
+    return x;
+  };
+  Exact e;
+  e.q = fill(Lq * G * D, false);
+  e.k = fill(Lk * D, false);
+  e.v = fill(Lk * D, rich_v_dout);
+  e.dout = fill(Lq * G * D, rich_v_dout);
+  e.qpos.resize(Lq);
+  e.kpos.resize(Lk);
+  for (Index i = 0; i < Lq; ++i) e.qpos[i] = Lk - Lq + i;
+  for (Index j = 0; j < Lk; ++j) e.kpos[j] = j;
+  // alpha = scale log2 e as the kernels round it: the power of two nearest 1 / sqrt(D) log2 e
+  constexpr double kLog2e = 1.4426950408889634;
+  const float alpha = std::exp2(std::round(std::log2(kLog2e / std::sqrt(double(D)))));
+  for (float s = float(alpha / kLog2e), step = 0; step < 8; ++step) {
+    if (static_cast<float>(double(s) * kLog2e) == alpha) {
+      e.scale = s;
+      break;
+    }
+    s = std::nextafter(s, step < 4 ? 1.f : 0.f);
+  }
+  return e;
+}
+
+TEST(AmxTiles, Bf16PrecisionKernelsAgreeWithAndWithoutAmx) {
+  REQUIRE_AMX();
+  const bool was = amx::enabled();
+  struct Case {
+    const char* name;
+    Index Lq, Lk, G, D;
+    Mask mask;
+    float softcap;
+    Tiling t;
+  };
+  const Index S = 300;
+  const std::vector<Case> cases = {
+      {"full_d64", 200, S, 1, 64, Mask::none(), 0.f, {}},
+      {"causal_d37_gqa", 150, S, 2, 37, Mask::make(S, true, 0, {}), 0.f, {}},
+      {"causal_softcap_d5_small_tiles", 90, S, 1, 5, Mask::make(S, true, 0, {}), 2.f, {19, 41, 7}},
+      {"window_documents_d128_odd_strips", 120, S, 3, 128, Mask::make(S, true, 40, {100, 150, 50}), 0.f, {33, 70, 5}},
+      {"causal_d80_default_strips", 256, S, 1, 80, Mask::make(S, true, 0, {}), 0.f, {}},
+  };
+  for (const Case& c : cases)
+    for (const bool rich : {false, true}) {
+    SCOPED_TRACE(std::string(c.name) + (rich ? ", rich V and dO: O and dV" : ", exact V and dO: dQ and dK"));
+    const Exact e = exact_operands(c.Lq, c.Lk, c.G, c.D, rich, 5);
+    ASSERT_GT(e.scale, 0.f) << "no scale with a power-of-two alpha";
+    const Index rows = c.Lq * c.G, D = c.D;
+    const Packing pq{1, 1, c.G, c.Lq, D}, pk{1, 1, 1, c.Lk, D};
+    Workspace<float> ws(resolve_tiling(c.t, D, std::max(c.Lq, c.Lk), c.G), D);
+    ws.precision = Precision::bf16;
+    const QueryShard<bf16> qs{pq, e.qpos, e.q.data()};
+    const KVBlock<bf16> kvb{pk, e.kpos, e.k.data(), e.v.data()};
+    struct Fwd {
+      std::vector<float> m, l, o, lse;
+    };
+    auto forward = [&](bool use_amx) {
+      amx::set_enabled(use_amx);
+      Fwd f{std::vector<float>(rows), std::vector<float>(rows), std::vector<float>(rows * D), std::vector<float>(rows)};
+      OnlineState<float> st{f.m.data(), f.l.data(), f.o.data()};
+      init_online_state(pq, st);
+      block_forward(qs, kvb, c.mask, e.scale, st, ws, {}, c.softcap);
+      finalize_forward(pq, st, f.lse.data());
+      return f;
+    };
+    const Fwd fa = forward(true), ff = forward(false);
+    EXPECT_EQ(fa.m, ff.m) << "the scores differ: the inputs are not exact";
+    EXPECT_EQ(fa.l, ff.l);
+    if (rich) {
+      EXPECT_LE(max_rel(fa.o, ff.o), 1e-5);
+      EXPECT_NE(fa.o, ff.o) << "the two paths gave the same bits: one of them did not run";
+    }
+    std::vector<float> delta(rows);
+    compute_delta(pq, e.dout.data(), ff.o.data(), delta.data());
+    auto backward = [&](bool use_amx) {
+      amx::set_enabled(use_amx);
+      Results r;
+      r.dq.assign(rows * D, 0.f);
+      r.dk.assign(c.Lk * D, 0.f);
+      r.dv.assign(c.Lk * D, 0.f);
+      const GradQueryShard<bf16> g{qs, e.dout.data(), ff.m.data(), ff.l.data(), delta.data(), r.dq.data()};
+      block_backward(g, kvb, c.mask, e.scale, r.dk.data(), r.dv.data(), ws, {}, c.softcap);
+      return r;
+    };
+    const Results ba = backward(true), bf = backward(false);
+    if (rich) {
+      EXPECT_LE(max_rel(ba.dv, bf.dv), 1e-5);
+      EXPECT_NE(ba.dv, bf.dv) << "the two paths gave the same bits: one of them did not run";
+      std::printf("%s: AMX against FMA, o %.2g dv %.2g of max |FMA|\n", c.name, max_rel(fa.o, ff.o),
+                  max_rel(ba.dv, bf.dv));
+    } else {
+      EXPECT_LE(max_rel(ba.dq, bf.dq), 1e-5);
+      EXPECT_LE(max_rel(ba.dk, bf.dk), 1e-5);
+      EXPECT_NE(ba.dq, bf.dq) << "the two paths gave the same bits: one of them did not run";
+      EXPECT_NE(ba.dk, bf.dk) << "the two paths gave the same bits: one of them did not run";
+      std::printf("%s: AMX against FMA, dq %.2g dk %.2g of max |FMA|\n", c.name, max_rel(ba.dq, bf.dq),
+                  max_rel(ba.dk, bf.dk));
+    }
+    }
+  amx::set_enabled(was);
+}
+
 }  // namespace

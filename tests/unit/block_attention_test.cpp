@@ -123,7 +123,7 @@ void unshard(const std::vector<T>& packed, const Shape& s, Index heads, const La
 // contributions to their owners, summed in step order.
 template <class S>
 DenseResult simulate_ring(const Global& g, const Layout& l, const Mask& mask, double scale, const Tiling& tiling,
-                          const AttentionExtras& x = {}) {
+                          const AttentionExtras& x = {}, Precision precision = Precision::f32) {
   using A = accum_t<S>;
   const Shape& s = g.s;
   const int N = l.ranks();
@@ -147,6 +147,7 @@ DenseResult simulate_ring(const Global& g, const Layout& l, const Mask& mask, do
     return KVBlock<S>{pk, l.positions(o), kv[o].data(), kv[o].data() + pk.kv_elems()};
   };
   Workspace<A> ws = workspace<A>(tiling, s.D, l.max_size(), s.G());
+  ws.precision = precision;
   // contributions[r][j]: rank r's contribution to block (r - j) mod N
   std::vector<std::vector<std::vector<A>>> contrib(N, std::vector<std::vector<A>>(N));
   for (int r = 0; r < N; ++r) {
@@ -824,5 +825,140 @@ TEST(NonFinite, NanRowIsNotAnEmptyRow) {
     finalize_forward(pq, st, lse.data());
     for (Index i = 0; i < 4; ++i) EXPECT_EQ(lse[i], -std::numeric_limits<double>::infinity());
     for (double x : acc) EXPECT_EQ(x, 0.0);
+  });
+}
+
+// ---- Precision::bf16 ------------------------------------------------------------------------------
+//
+// P rounded to bf16 before P V and P^T dO, dS rounded before dS K and dS^T Q (bf16 storage, f32
+// accumulation), on every target, against the float64 definition (visible_keys_reference).
+
+namespace {
+
+// What the rounding may cost each output element, to first order: rounding to nearest bf16 (8
+// significant bits, unit roundoff u = 2^-8) changes a value by at most u of it (half a step of 2^-7
+// at the bottom of a binade; a typical term moves by about 2^-9), so with p = P / l (l from the
+// unrounded P)
+//   |dO_i|  <= u sum_j p_ij |V_j|                    |ddV_j| <= u sum_i p_ij |dO_i|
+// and dS = scale p F (dP - delta) (F the cap's derivative, 1 without one) moves by its own rounding
+// and by delta = dO . O, which takes O's change (|d delta_i| <= sum_d |dO_id| |dO_id|):
+//   |ddQ_i| <= scale sum_j (u |dS'_ij| + p_ij F_ij |d delta_i|) |K_j|,  dK likewise with Q_i,
+// |dS'| = |p F (dP - delta)|. Per element, in the layout of the outputs (LSE takes no rounding).
+DenseResult bf16_rounding_bounds(const Global& g, const Mask& mask, double scale, double softcap) {
+  const Shape& s = g.s;
+  const Index B = s.B, S = s.S, H = s.H, HKV = s.HKV, D = s.D, G = s.G();
+  constexpr double u = 1.0 / 256;  // 2^-8
+  DenseResult r;
+  r.o.assign(g.q.size(), 0.0);
+  r.dq.assign(g.q.size(), 0.0);
+  r.dk.assign(g.k.size(), 0.0);
+  r.dv.assign(g.k.size(), 0.0);
+  for (Index b = 0; b < B; ++b)
+    for (Index h = 0; h < H; ++h)
+      for (Index i = 0; i < S; ++i) {
+        const Index qo = ((b * S + i) * H + h) * D;
+        auto kvo = [&](Index j) { return ((b * S + j) * HKV + h / G) * D; };
+        std::vector<Index> keys;
+        for (Index j = 0; j < S; ++j)
+          if (mask.visible(i, j)) keys.push_back(j);
+        if (keys.empty()) continue;
+        std::vector<double> p(keys.size()), f(keys.size(), 1.0), dp(keys.size(), 0.0);
+        double mx = -INFINITY, sum = 0;
+        for (std::size_t n = 0; n < keys.size(); ++n) {
+          double dot = 0;
+          for (Index d = 0; d < D; ++d) dot += g.q[qo + d] * g.k[kvo(keys[n]) + d];
+          p[n] = dot * scale;
+          if (softcap > 0) {
+            const double t = std::tanh(p[n] / softcap);
+            p[n] = softcap * t;
+            f[n] = 1 - t * t;
+          }
+          mx = std::max(mx, p[n]);
+        }
+        for (double& x : p) sum += (x = std::exp(x - mx));
+        for (double& x : p) x /= sum;
+        std::vector<double> o(D, 0.0), bo(D, 0.0);
+        for (std::size_t n = 0; n < keys.size(); ++n)
+          for (Index d = 0; d < D; ++d) {
+            o[d] += p[n] * g.v[kvo(keys[n]) + d];
+            bo[d] += u * p[n] * std::abs(g.v[kvo(keys[n]) + d]);
+          }
+        double delta = 0, ddelta = 0;
+        for (Index d = 0; d < D; ++d) {
+          delta += g.dout[qo + d] * o[d];
+          ddelta += std::abs(g.dout[qo + d]) * bo[d];
+          r.o[qo + d] = bo[d];
+        }
+        for (std::size_t n = 0; n < keys.size(); ++n) {
+          for (Index d = 0; d < D; ++d) dp[n] += g.dout[qo + d] * g.v[kvo(keys[n]) + d];
+          const double ds = std::abs(p[n] * f[n] * (dp[n] - delta));
+          const double moved = scale * (u * ds + p[n] * f[n] * ddelta);
+          for (Index d = 0; d < D; ++d) {
+            r.dq[qo + d] += moved * std::abs(g.k[kvo(keys[n]) + d]);
+            r.dk[kvo(keys[n]) + d] += moved * std::abs(g.q[qo + d]);
+            r.dv[kvo(keys[n]) + d] += u * p[n] * std::abs(g.dout[qo + d]);
+          }
+        }
+      }
+  return r;
+}
+
+// |got - ref| <= bound + tol max |ref| for every element; returns the largest share of the bound
+// the rounding used (got - ref beyond the f32 part, over the bound), to show it is not vacuous.
+double expect_within(const char* name, const std::vector<double>& got, const std::vector<double>& ref,
+                     const std::vector<double>& bound, double tol) {
+  double peak = 0, used = 0;
+  for (double x : ref) peak = std::max(peak, std::abs(x));
+  Index bad = 0;
+  for (std::size_t n = 0; n < ref.size(); ++n) {
+    const double err = std::abs(got[n] - ref[n]), allowed = bound[n] + tol * peak;
+    if (!(err <= allowed) && bad++ < 3) ADD_FAILURE() << name << "[" << n << "]: |" << got[n] << " - " << ref[n]
+                                                       << "| > " << bound[n] << " + " << tol * peak;
+    if (bound[n] > 0) used = std::max(used, (err - tol * peak) / bound[n]);
+  }
+  EXPECT_EQ(bad, 0) << name;
+  return used;
+}
+
+}  // namespace
+
+// The float part of the error is float32's (the 2e-5 of max |ref| of the remainder tests above); the
+// rounding's part is held to its first-order bound, element by element (bf16_rounding_bounds), with
+// 10% for its second-order terms. Causal and full masks, partial tiles, GQA, odd head dims, with and
+// without a soft cap. Rounding must also show: the result differs from Precision::f32's by more
+// than float rounding could (else the rounding was skipped).
+TEST(BlockAttention, Bf16PrecisionMatchesDenseReferenceWithinTheRoundingBound) {
+  std::vector<Case> all = cases();
+  for (const Case& c : packed_cases()) all.push_back(c);
+  on_every_target([&] {
+    double used = 0, moved = 0;
+    for (const Case& c : all)
+      for (double cap : {0.0, 0.7}) {
+        SCOPED_TRACE(std::string(c.name) + ", softcap " + std::to_string(cap));
+        Global g = random_inputs(c.s, 11);
+        for (auto* t : {&g.q, &g.k, &g.v, &g.dout})  // the values the kernels see
+          for (double& x : *t) x = value_cast<double>(value_cast<bf16>(x));
+        const double scale = 1.0 / std::sqrt(double(c.s.D));
+        const AttentionExtras x{cap, {}, {}};
+        const DenseResult ref = visible_keys_reference(g, c.mask, scale, cap);
+        DenseResult bound = bf16_rounding_bounds(g, c.mask, scale, cap);
+        for (auto* t : {&bound.o, &bound.dq, &bound.dk, &bound.dv})
+          for (double& e : *t) e *= 1.1;
+        const DenseResult got = simulate_ring<bf16>(g, c.layout, c.mask, scale, c.tiling, x, Precision::bf16);
+        const DenseResult f32 = simulate_ring<bf16>(g, c.layout, c.mask, scale, c.tiling, x, Precision::f32);
+        constexpr double kTol = 2e-5;
+        used = std::max(used, expect_within("o", got.o, ref.o, bound.o, kTol));
+        EXPECT_LE(rel(got.lse, ref.lse), kTol);
+        used = std::max(used, expect_within("dq", got.dq, ref.dq, bound.dq, kTol));
+        used = std::max(used, expect_within("dk", got.dk, ref.dk, bound.dk, kTol));
+        used = std::max(used, expect_within("dv", got.dv, ref.dv, bound.dv, kTol));
+        // f32 precision is within float rounding of the reference; bf16 moves O and the gradients
+        // by the rounding, some 2^-9 of a term, far beyond it (20x the float tolerance)
+        for (const auto& [a, b] : {std::pair{&got.o, &f32.o}, {&got.dq, &f32.dq}, {&got.dk, &f32.dk}, {&got.dv, &f32.dv}})
+          moved = std::max(moved, rel(*a, *b));
+        EXPECT_GT(std::max({rel(got.o, f32.o), rel(got.dv, f32.dv), rel(got.dq, f32.dq)}), 20 * kTol);
+      }
+    std::printf("bf16 precision on %s: at most %.2f of the rounding bound used; up to %.2g from f32 precision\n",
+                simd::current().c_str(), used, moved);
   });
 }

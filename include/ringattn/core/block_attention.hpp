@@ -89,6 +89,15 @@ struct Workspace {
   // (bf16 bits; Dp = D rounded up to 32; see src/core/amx_tiles.hpp)
   Index ldk = 0;
   AlignedVector<std::uint16_t> qb, dob, kb, vb;
+  // Precision::bf16 on AMX: the piece's P or dS rounded to bf16 as rows over its keys [q_rows + 16,
+  // Kk] and as their transpose over its rows [k_cols + 16, Kq] (Kk, Kq: k_cols + 1, q_rows + 1
+  // rounded up to 32); V and K of the tile, Q and dO of the chunk as pairs of consecutive rows
+  // [amx::row_pairs(k_cols or R), 2 ldc] (see src/core/amx_tiles.hpp)
+  Index ldc = 0;
+  AlignedVector<std::uint16_t> pb, pbt, vpb, kpb, qpb, dopb;
+  // Precision::bf16 without AMX (float workspaces): the backward's rounded P [q_rows, ld], beside the
+  // f32 P that dS is formed from
+  AlignedVector<A> pr;
   Precision precision = Precision::f32;  // set by the caller after construction
 };
 
