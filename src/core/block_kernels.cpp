@@ -14,6 +14,16 @@
 //             per piece: P = 2^(S - m) / l from the forward's own m and l (S recomputed bit for bit),
 //                        dV += P^T dO, dS = scale P o (dO V^T - delta) formed as it is stored,
 //                        dQ += dS K, dK += dS^T Q.
+// Precision::bf16 (bf16 storage computing in f32; Workspace::precision, ignored for other types)
+// rounds the f32 operand of the four products with one, as PyTorch's CPU flash kernel does: the
+// forward's P after sweep 2 (l keeps the sum of the unrounded P) before O = c O + P V; the
+// backward's P for dV += P^T dO only (dS is formed from the f32 P, as before), and dS before dQ and
+// dK. Every product then has two bf16 operands, exact in f32, and depends only on the order of its
+// sum. Two paths: the portable one, on every target, rounds the f32 tile in place (to nearest even;
+// NaN stays NaN, overflow becomes inf) and runs the same FMA products (and the exact paths below);
+// with AMX (amx::enabled()) and a finite head group, the rounded tiles are packed as bf16 and the
+// four products run on tiles (amx::accumulate), V and K packed per tile and Q and dO per chunk as
+// pairs of rows, the depth padded with zeros to whole tiles.
 // Non-finite operands (NaN, +-inf in Q, K, V, dO) give what PyTorch's float64 autograd gives when each
 // query row's softmax runs over the keys that row sees: an output is non-finite exactly when it
 // depends, through a visible pair, on a non-finite value. Full pieces get that from IEEE arithmetic
@@ -49,7 +59,7 @@
 #include "core/tile_products-inl.hpp"  // register blocking, score and accumulate products
 #include "core/nonfinite-inl.hpp"      // the exact paths for non-finite operands
 #include "core/tile_walk.hpp"
-#include "core/amx_tiles.hpp"  // bf16 score products on AMX tiles
+#include "core/amx_tiles.hpp"  // bf16 products on AMX tiles
 #include "ringattn/core/block_attention.hpp"
 #include "ringattn/core/simd.hpp"
 
@@ -59,7 +69,7 @@ namespace hn = hwy::HWY_NAMESPACE;
 
 // ---- bf16 products on AMX tiles ----------------------------------------------------------------------
 
-// Whether a kernel of storage S and accumulation A can compute its score products on AMX tiles:
+// Whether a kernel of storage S and accumulation A can compute its bf16 products on AMX tiles:
 // bf16 operands, whose products are exact in f32, summed in f32 by tdpbf16ps (amx_tiles.hpp).
 template <class S, class A>
 constexpr bool kAmxTypes = std::is_same_v<S, bf16> && std::is_same_v<A, float>;

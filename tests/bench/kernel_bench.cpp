@@ -2,7 +2,7 @@
 //
 //   kernel_bench [--targets default|all|NAME,...] [--seqs 4096,8192] [--heads 8] [--head-dims 64,128]
 //                [--dtypes f32,f64,bf16] [--reps 5] [--causal] [--tile-q N] [--tile-k N] [--chunk N]
-//                [--forward-only] [--best] [--pieces] [--softcap C]
+//                [--forward-only] [--best] [--pieces] [--softcap C] [--precision f32|bf16]
 //
 // One core. The targets: the one the kernels use by default (the best this CPU runs, or the one
 // RINGATTN_SIMD names), every one this CPU runs (all), or those named. For each target, each shape
@@ -18,7 +18,9 @@
 // 4 S^2 H D, backward 2.5x that (halved work under --causal).
 // bf16 stores Q, K, V, dO in bf16 and computes in f32: its score products run on AMX tiles when
 // the kernels use them (the dtype column says bf16+AMX; RINGATTN_AMX=0 turns them off), and its
-// rates are set against the f32 FMA peak.
+// rates are set against the f32 FMA peak. --precision bf16 (needs bf16 among --dtypes; the other
+// dtypes stay f32) rounds bf16's P and dS to bf16 before their products (core::Precision::bf16),
+// which then run on AMX tiles too: the dtype column says bf16r (bf16r+AMX).
 // --pieces prints instead the passes of one forward piece undisturbed (see print_pieces).
 #include <fmt/format.h>
 
@@ -30,6 +32,7 @@
 #include <sstream>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "ringattn/core/block_attention.hpp"
@@ -63,6 +66,7 @@ AlignedVector<T> randn(Index n, unsigned seed) {
 
 bool g_best = false;
 double g_softcap = 0;  // --softcap C: the kernels soft-cap the scores (0: none)
+Precision g_precision = Precision::f32;  // --precision: P and dS as they enter their products
 
 struct Rates {
   double fwd = 0, bwd = 0, fwd_peak = 0, bwd_peak = 0, fwd_ratio = 0, bwd_ratio = 0;
@@ -82,6 +86,7 @@ Rates measure(Index S, Index H, Index D, bool causal, int reps, const Tiling& ti
       delta(pq.row_elems()), dq(pq.q_elems()), dk(pk.kv_elems()), dv(pk.kv_elems());
   const Mask mask = causal ? Mask::make(S, true, 0, {}) : Mask::none();
   Workspace<T> ws(resolve_tiling(tiling, D, S, 1), D);
+  ws.precision = std::is_same_v<S_, bf16> ? g_precision : Precision::f32;
   const QueryShard<S_> qs{pq, pos, q.data()};
   const KVBlock<S_> kv{pk, pos, k.data(), v.data()};
   const T scale = T(1.0 / std::sqrt(double(D)));
@@ -175,6 +180,7 @@ int main(int argc, char** argv) try {
   std::string targets = "default", seqs = "4096,8192", dims = "64,128", dtypes = "f32,f64";
   Index H = 8;
   int reps = 5;
+  std::string precision = "f32";
   bool causal = false, forward_only = false, pieces = false;
   Tiling tiling;
   for (int i = 1; i < argc; ++i) {
@@ -197,6 +203,7 @@ int main(int argc, char** argv) try {
     else if (a == "--best") g_best = true;
     else if (a == "--pieces") pieces = true;
     else if (a == "--softcap") g_softcap = std::stod(value());
+    else if (a == "--precision") precision = value();
     else if (a == "--tile-q") tiling.q_rows = std::stoll(value());
     else if (a == "--tile-k") tiling.k_cols = std::stoll(value());
     else if (a == "--chunk") tiling.chunk_rows = std::stoll(value());
@@ -204,6 +211,19 @@ int main(int argc, char** argv) try {
       fmt::print(stderr, "kernel_bench: error: unknown option {}\n", a);
       return 2;
     }
+  }
+  if (precision != "f32" && precision != "bf16") {
+    fmt::print(stderr, "kernel_bench: error: --precision {}: expected f32 or bf16\n", precision);
+    return 2;
+  }
+  if (precision == "bf16") {  // the bf16 rows round; the others keep f32 (the plan refuses it for them)
+    const std::vector<std::string> types = split(dtypes);
+    if (std::find(types.begin(), types.end(), "bf16") == types.end()) {
+      fmt::print(stderr, "kernel_bench: error: --precision bf16 rounds bf16 storage only, and --dtypes {} has no bf16\n",
+                 dtypes);
+      return 2;
+    }
+    g_precision = Precision::bf16;
   }
   std::vector<std::string> run;
   const std::vector<std::string> available = simd::available();
@@ -219,7 +239,7 @@ int main(int argc, char** argv) try {
   if (pieces) return print_pieces(run, split(dtypes), split(dims));
   fmt::print("# one core; FMA peak measured before every repetition; medians of {} repetitions{}{}\n", reps,
              causal ? "; causal" : "", g_softcap > 0 ? fmt::format("; softcap {:g}", g_softcap) : "");
-  fmt::print("{:<8} {:>8} {:>6} {:>4} {:>4}  {:>9} {:>8} {:>7} {:>6} {:>6}  {:>9} {:>8} {:>7} {:>6} {:>6}\n", "target",
+  fmt::print("{:<8} {:>9} {:>6} {:>4} {:>4}  {:>9} {:>8} {:>7} {:>6} {:>6}  {:>9} {:>8} {:>7} {:>6} {:>6}\n", "target",
              "dtype", "S", "H", "D", "fwd GF/s", "peak", "% peak", "best", "% sust", "bwd GF/s", "peak", "% peak", "best",
              "% sust");
   for (const std::string& t : run) {
@@ -231,8 +251,12 @@ int main(int argc, char** argv) try {
           const Rates r = dt == "f64"    ? measure<double>(S, H, D, causal, reps, tiling, forward_only)
                           : dt == "bf16" ? measure<bf16>(S, H, D, causal, reps, tiling, forward_only)
                                          : measure<float>(S, H, D, causal, reps, tiling, forward_only);
-          const std::string label = dt == "bf16" ? simd::kernels(DType::bf16).substr(simd::current().size()) : "";
-          fmt::print("{:<8} {:>8} {:>6} {:>4} {:>4}  {:>9.1f} {:>8.1f} {:>6.1f}% {:>5.1f}% {:>5.1f}%  {:>9.1f} {:>8.1f} "
+          std::string label;  // bf16: r when P and dS are rounded, +AMX when the products run on tiles
+          if (dt == "bf16") {
+            if (g_precision == Precision::bf16) label = "r";
+            label += simd::kernels(DType::bf16).substr(simd::current().size());
+          }
+          fmt::print("{:<8} {:>9} {:>6} {:>4} {:>4}  {:>9.1f} {:>8.1f} {:>6.1f}% {:>5.1f}% {:>5.1f}%  {:>9.1f} {:>8.1f} "
                      "{:>6.1f}% {:>5.1f}% {:>5.1f}%\n",
                      simd::current(), dt + label, S, H, D, r.fwd * 1e-9, r.fwd_peak * 1e-9, 100 * r.fwd_ratio,
                      100 * r.fwd_best, 100 * r.fwd_sust, r.bwd * 1e-9, r.bwd_peak * 1e-9, 100 * r.bwd_ratio,

@@ -15,6 +15,7 @@
 #include "ringattn/core/layout.hpp"
 #include "ringattn/core/reference.hpp"
 #include "ringattn/core/simd.hpp"
+#include "core/amx_tiles.hpp"  // amx::set_enabled: the portable path on a machine with AMX
 
 using namespace ringattn::core;
 
@@ -736,7 +737,7 @@ constexpr double kCaps[] = {0.0, 1.5};
 
 // Every planted value through the serial ring on every target, against the definition.
 template <class T>
-void expect_nonfinite_pattern(double tol) {
+void expect_nonfinite_pattern(double tol, Precision precision = Precision::f32) {
   for (const Case& c : nonfinite_cases())
     for (const Plant& p : plants(c.s))
       for (double cap : kCaps) {
@@ -747,7 +748,8 @@ void expect_nonfinite_pattern(double tol) {
         plant(g, p);
         const double scale = 1.0 / std::sqrt(double(c.s.D));
         const DenseResult ref = visible_keys_reference(g, c.mask, scale, cap);
-        const DenseResult got = simulate_ring<T>(g, c.layout, c.mask, scale, c.tiling, AttentionExtras{cap, {}, {}});
+        const DenseResult got =
+            simulate_ring<T>(g, c.layout, c.mask, scale, c.tiling, AttentionExtras{cap, {}, {}}, precision);
         expect_result_pattern(got, ref, tol);
       }
 }
@@ -926,10 +928,16 @@ double expect_within(const char* name, const std::vector<double>& got, const std
 // rounding's part is held to its first-order bound, element by element (bf16_rounding_bounds), with
 // 10% for its second-order terms. Causal and full masks, partial tiles, GQA, odd head dims, with and
 // without a soft cap. Rounding must also show: the result differs from Precision::f32's by more
-// than float rounding could (else the rounding was skipped).
+// than float rounding could (else the rounding was skipped). The portable path (the f32 tile rounded,
+// then the FMA products) on every target, and where the machine has AMX the tile products as well.
 TEST(BlockAttention, Bf16PrecisionMatchesDenseReferenceWithinTheRoundingBound) {
   std::vector<Case> all = cases();
   for (const Case& c : packed_cases()) all.push_back(c);
+  const bool was = amx::enabled();
+  for (const bool tiles : {false, true}) {
+  if (tiles && !amx::available()) continue;
+  amx::set_enabled(tiles);
+  SCOPED_TRACE(tiles ? "AMX" : "no AMX");
   on_every_target([&] {
     double used = 0, moved = 0;
     for (const Case& c : all)
@@ -958,7 +966,16 @@ TEST(BlockAttention, Bf16PrecisionMatchesDenseReferenceWithinTheRoundingBound) {
           moved = std::max(moved, rel(*a, *b));
         EXPECT_GT(std::max({rel(got.o, f32.o), rel(got.dv, f32.dv), rel(got.dq, f32.dq)}), 20 * kTol);
       }
-    std::printf("bf16 precision on %s: at most %.2f of the rounding bound used; up to %.2g from f32 precision\n",
-                simd::current().c_str(), used, moved);
+    std::printf("bf16 precision on %s%s: at most %.2f of the rounding bound used; up to %.2g from f32 precision\n",
+                simd::current().c_str(), tiles ? "+AMX" : "", used, moved);
   });
+  }
+  amx::set_enabled(was);
+}
+
+// Non-finite operands with Precision::bf16: the same pattern as the definition's (the rounding keeps
+// NaN and inf, and 0 stays 0); the finite values within the rounding's reach of it, a few 2^-8 of
+// the largest output (their bound is the test above's).
+TEST(NonFinite, PropagateAsInTorchBf16Precision) {
+  on_every_target([] { expect_nonfinite_pattern<bf16>(2e-2, Precision::bf16); });
 }
