@@ -85,39 +85,6 @@ void pack_pairs(const std::uint16_t* X, Index tk, Index D, Index ldk, std::uint1
   }
 }
 
-namespace {
-// f32 bits to the nearest bf16's (ties to even): NaN stays NaN (quiet), overflow carries to inf.
-inline std::uint16_t round_bf16(float x) {
-  std::uint32_t u;
-  std::memcpy(&u, &x, sizeof u);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<std::uint16_t>((u >> 16) | 0x40u);
-  return static_cast<std::uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-}
-}  // namespace
-
-void pack_rounded_rows(const float* P, Index n, Index depth, Index ldp, Index lead, std::uint16_t* A) {
-  const Index Kp = padded_depth(lead + depth);
-  for (Index i = 0; i < n; ++i) {
-    std::uint16_t* a = A + i * Kp;
-    const float* p = P + i * ldp;
-    if (lead) a[0] = 0;
-    for (Index j = 0; j < depth; ++j) a[lead + j] = round_bf16(p[j]);
-    std::memset(a + lead + depth, 0, sizeof(std::uint16_t) * (Kp - lead - depth));
-  }
-  std::memset(A + n * Kp, 0, sizeof(std::uint16_t) * kTileRows * Kp);
-}
-
-void pack_rounded_cols(const float* P, Index depth, Index m, Index ldp, Index lead, std::uint16_t* A) {
-  const Index Kp = padded_depth(lead + depth);
-  std::memset(A, 0, sizeof(std::uint16_t) * (m + kTileRows) * Kp);
-  // P's rows in turn, each scattered down a column of A: P is read once in order
-  for (Index i = 0; i < depth; ++i) {
-    const float* p = P + i * ldp;
-    std::uint16_t* a = A + lead + i;
-    for (Index j = 0; j < m; ++j) a[j * Kp] = round_bf16(p[j]);
-  }
-}
-
 void pack_row_pairs(const std::uint16_t* X, Index n, Index D, Index ldc, std::uint16_t* B) {
   const Index pairs = row_pairs(n);
   for (Index kk = 0; kk < pairs; ++kk) {
