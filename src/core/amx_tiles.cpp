@@ -107,8 +107,10 @@ void pack_rounded_rows(const float* P, Index n, Index depth, Index ldp, Index le
     std::uint16_t* a = A + i * Kp;
     const float* p = P + i * ldp;
     if (lead) a[0] = 0;
-    for (Index j = 0; j < depth; j += 16)
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(a + lead + j), round_bf16(_mm512_maskz_loadu_ps(first(depth - j), p + j)));
+    for (Index j = 0; j < depth; j += 16) {
+      const __m512 x = _mm512_maskz_loadu_ps(first(depth - j), p + j);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(a + lead + j), round_bf16(x));
+    }
     memset(a + lead + depth, 0, sizeof(std::uint16_t) * (Kp - lead - depth));
   }
   memset(A + n * Kp, 0, sizeof(std::uint16_t) * kTileRows * Kp);
@@ -189,7 +191,8 @@ void accumulate(const std::uint16_t* A, Index n, Index Kp, const std::uint16_t* 
       for (int r = 0; r < mr; ++r)
         for (int q = 0; q < nc; ++q) {
           const Index i = i0 + r * T, j = j0 + q * T;
-          add_epilogue(C + 256 * (2 * r + q), least(T, n - i), least(T, D - j), O + i * ldo + j, ldo, c ? c + i : nullptr);
+          add_epilogue(C + 256 * (2 * r + q), least(T, n - i), least(T, D - j), O + i * ldo + j, ldo,
+                       c ? c + i : nullptr);
         }
     }
   }

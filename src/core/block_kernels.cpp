@@ -334,8 +334,8 @@ Work backward_impl(const GradQueryShard<S>& gq, const KVBlock<S>& kv, const Mask
                 exp_tile<true, A>(P, n, tk, ld, m, inv, nullptr);
               if (nonfinite && cls == TileClass::partial) {  // passes 2-4 over the visible pairs only
                 visible_backward(P, dS, n, tk, ld, dOc + i0 * ldd, Qc + i0 * ldd, K + k0 * ldd, ws.vt.data() + k0, ldd,
-                                 D, l, gq.delta + ro + p.r0, scale, cap > A(0), bf16p, gq.dq + qo + p.r0 * D, dk + ko + p.c0 * D,
-                                 dv + ko + p.c0 * D, [&](Index i, Index j) {
+                                 D, l, gq.delta + ro + p.r0, scale, cap > A(0), bf16p, gq.dq + qo + p.r0 * D,
+                                 dk + ko + p.c0 * D, dv + ko + p.c0 * D, [&](Index i, Index j) {
                                    return mask.visible(q.pos[(p.r0 + i) / G], kv.pos[p.c0 + j]);
                                  });
                 work.flops += 10.0 * double(n) * double(tk) * double(D);

@@ -96,7 +96,8 @@ void visible_backward(A* P, A* dS, Index n, Index tk, Index ld, const A* dO, con
   for (Index i = 0; i < n; ++i)
     for (Index j = 0; j < tk; ++j) {
       if (!sees(i, j)) continue;
-      const A s = bf16 ? round_bf16(dS[i * ld + j]) : dS[i * ld + j], p = bf16 ? round_bf16(P[i * ld + j]) : P[i * ld + j];
+      const A s = bf16 ? round_bf16(dS[i * ld + j]) : dS[i * ld + j];
+      const A p = bf16 ? round_bf16(P[i * ld + j]) : P[i * ld + j];
       for (Index d = 0; d < D; ++d) {
         dq[i * D + d] = std::fma(s, K[j * ldd + d], dq[i * D + d]);
         dk[j * D + d] = std::fma(s, Q[i * ldd + d], dk[j * D + d]);

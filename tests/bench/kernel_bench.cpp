@@ -219,7 +219,7 @@ int main(int argc, char** argv) try {
   if (precision == "bf16") {  // the bf16 rows round; the others keep f32 (the plan refuses it for them)
     const std::vector<std::string> types = split(dtypes);
     if (std::find(types.begin(), types.end(), "bf16") == types.end()) {
-      fmt::print(stderr, "kernel_bench: error: --precision bf16 rounds bf16 storage only, and --dtypes {} has no bf16\n",
+      fmt::print(stderr, "kernel_bench: error: --precision bf16 rounds bf16 storage only; --dtypes {} has no bf16\n",
                  dtypes);
       return 2;
     }

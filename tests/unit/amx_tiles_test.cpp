@@ -210,9 +210,12 @@ TEST(AmxTiles, AccumulateMatchesFloat64OnRandomTiles) {
     Index n, depth, D, b0;  // output rows, depth, columns, first row of B the depth starts at
     bool trans, rescale;
   };
-  for (const Acc c : {Acc{1, 1, 1, 0, false, false}, Acc{16, 32, 16, 0, false, true}, Acc{37, 45, 37, 3, false, true},
-                      Acc{128, 256, 64, 0, false, true}, Acc{33, 17, 128, 5, true, false}, Acc{7, 100, 80, 1, true, false},
-                      Acc{50, 64, 1, 0, true, false}, Acc{64, 33, 96, 32, false, false}, Acc{256, 128, 64, 31, true, false}}) {
+  const std::vector<Acc> all = {{1, 1, 1, 0, false, false},     {16, 32, 16, 0, false, true},
+                                {37, 45, 37, 3, false, true},     {128, 256, 64, 0, false, true},
+                                {33, 17, 128, 5, true, false},    {7, 100, 80, 1, true, false},
+                                {50, 64, 1, 0, true, false},      {64, 33, 96, 32, false, false},
+                                {256, 128, 64, 31, true, false}};
+  for (const Acc& c : all) {
     SCOPED_TRACE(testing::Message() << "n=" << c.n << " depth=" << c.depth << " D=" << c.D << " b0=" << c.b0
                                     << (c.trans ? " transposed" : ""));
     // X [n, depth] (transposed: [depth, n]) in f32 with a stride of its own; B's source rows [b0 + depth, D]
@@ -250,7 +253,8 @@ TEST(AmxTiles, AccumulateMatchesFloat64OnRandomTiles) {
         // f32 sum of exact products and one FMA: |error| <= depth eps (sum |products| + |c O|)
         worst = std::max(worst, std::abs(O[i * ldo + d] - want) / (mag + std::abs(o0) + 1e-30));
       }
-      for (Index d = c.D; d < ldo; ++d) ASSERT_EQ(O[i * ldo + d], O0[i * ldo + d]) << "written past D: " << i << "," << d;
+      for (Index d = c.D; d < ldo; ++d)
+        ASSERT_EQ(O[i * ldo + d], O0[i * ldo + d]) << "written past D: " << i << "," << d;
     }
     EXPECT_LE(worst, 1e-6 * std::max<double>(1.0, double(c.depth) / 8));
   }
@@ -324,60 +328,61 @@ TEST(AmxTiles, Bf16PrecisionKernelsAgreeWithAndWithoutAmx) {
   };
   for (const Case& c : cases)
     for (const bool rich : {false, true}) {
-    SCOPED_TRACE(std::string(c.name) + (rich ? ", rich V and dO: O and dV" : ", exact V and dO: dQ and dK"));
-    const Exact e = exact_operands(c.Lq, c.Lk, c.G, c.D, rich, 5);
-    ASSERT_GT(e.scale, 0.f) << "no scale with a power-of-two alpha";
-    const Index rows = c.Lq * c.G, D = c.D;
-    const Packing pq{1, 1, c.G, c.Lq, D}, pk{1, 1, 1, c.Lk, D};
-    Workspace<float> ws(resolve_tiling(c.t, D, std::max(c.Lq, c.Lk), c.G), D);
-    ws.precision = Precision::bf16;
-    const QueryShard<bf16> qs{pq, e.qpos, e.q.data()};
-    const KVBlock<bf16> kvb{pk, e.kpos, e.k.data(), e.v.data()};
-    struct Fwd {
-      std::vector<float> m, l, o, lse;
-    };
-    auto forward = [&](bool use_amx) {
-      amx::set_enabled(use_amx);
-      Fwd f{std::vector<float>(rows), std::vector<float>(rows), std::vector<float>(rows * D), std::vector<float>(rows)};
-      OnlineState<float> st{f.m.data(), f.l.data(), f.o.data()};
-      init_online_state(pq, st);
-      block_forward(qs, kvb, c.mask, e.scale, st, ws, {}, c.softcap);
-      finalize_forward(pq, st, f.lse.data());
-      return f;
-    };
-    const Fwd fa = forward(true), ff = forward(false);
-    EXPECT_EQ(fa.m, ff.m) << "the scores differ: the inputs are not exact";
-    EXPECT_EQ(fa.l, ff.l);
-    if (rich) {
-      EXPECT_LE(max_rel(fa.o, ff.o), 1e-5);
-      EXPECT_NE(fa.o, ff.o) << "the two paths gave the same bits: one of them did not run";
-    }
-    std::vector<float> delta(rows);
-    compute_delta(pq, e.dout.data(), ff.o.data(), delta.data());
-    auto backward = [&](bool use_amx) {
-      amx::set_enabled(use_amx);
-      Results r;
-      r.dq.assign(rows * D, 0.f);
-      r.dk.assign(c.Lk * D, 0.f);
-      r.dv.assign(c.Lk * D, 0.f);
-      const GradQueryShard<bf16> g{qs, e.dout.data(), ff.m.data(), ff.l.data(), delta.data(), r.dq.data()};
-      block_backward(g, kvb, c.mask, e.scale, r.dk.data(), r.dv.data(), ws, {}, c.softcap);
-      return r;
-    };
-    const Results ba = backward(true), bf = backward(false);
-    if (rich) {
-      EXPECT_LE(max_rel(ba.dv, bf.dv), 1e-5);
-      EXPECT_NE(ba.dv, bf.dv) << "the two paths gave the same bits: one of them did not run";
-      std::printf("%s: AMX against FMA, o %.2g dv %.2g of max |FMA|\n", c.name, max_rel(fa.o, ff.o),
-                  max_rel(ba.dv, bf.dv));
-    } else {
-      EXPECT_LE(max_rel(ba.dq, bf.dq), 1e-5);
-      EXPECT_LE(max_rel(ba.dk, bf.dk), 1e-5);
-      EXPECT_NE(ba.dq, bf.dq) << "the two paths gave the same bits: one of them did not run";
-      EXPECT_NE(ba.dk, bf.dk) << "the two paths gave the same bits: one of them did not run";
-      std::printf("%s: AMX against FMA, dq %.2g dk %.2g of max |FMA|\n", c.name, max_rel(ba.dq, bf.dq),
-                  max_rel(ba.dk, bf.dk));
-    }
+      SCOPED_TRACE(std::string(c.name) + (rich ? ", rich V and dO: O and dV" : ", exact V and dO: dQ and dK"));
+      const Exact e = exact_operands(c.Lq, c.Lk, c.G, c.D, rich, 5);
+      ASSERT_GT(e.scale, 0.f) << "no scale with a power-of-two alpha";
+      const Index rows = c.Lq * c.G, D = c.D;
+      const Packing pq{1, 1, c.G, c.Lq, D}, pk{1, 1, 1, c.Lk, D};
+      Workspace<float> ws(resolve_tiling(c.t, D, std::max(c.Lq, c.Lk), c.G), D);
+      ws.precision = Precision::bf16;
+      const QueryShard<bf16> qs{pq, e.qpos, e.q.data()};
+      const KVBlock<bf16> kvb{pk, e.kpos, e.k.data(), e.v.data()};
+      struct Fwd {
+        std::vector<float> m, l, o, lse;
+      };
+      auto forward = [&](bool use_amx) {
+        amx::set_enabled(use_amx);
+        Fwd f{std::vector<float>(rows), std::vector<float>(rows), std::vector<float>(rows * D),
+              std::vector<float>(rows)};
+        OnlineState<float> st{f.m.data(), f.l.data(), f.o.data()};
+        init_online_state(pq, st);
+        block_forward(qs, kvb, c.mask, e.scale, st, ws, {}, c.softcap);
+        finalize_forward(pq, st, f.lse.data());
+        return f;
+      };
+      const Fwd fa = forward(true), ff = forward(false);
+      EXPECT_EQ(fa.m, ff.m) << "the scores differ: the inputs are not exact";
+      EXPECT_EQ(fa.l, ff.l);
+      if (rich) {
+        EXPECT_LE(max_rel(fa.o, ff.o), 1e-5);
+        EXPECT_NE(fa.o, ff.o) << "the two paths gave the same bits: one of them did not run";
+      }
+      std::vector<float> delta(rows);
+      compute_delta(pq, e.dout.data(), ff.o.data(), delta.data());
+      auto backward = [&](bool use_amx) {
+        amx::set_enabled(use_amx);
+        Results r;
+        r.dq.assign(rows * D, 0.f);
+        r.dk.assign(c.Lk * D, 0.f);
+        r.dv.assign(c.Lk * D, 0.f);
+        const GradQueryShard<bf16> g{qs, e.dout.data(), ff.m.data(), ff.l.data(), delta.data(), r.dq.data()};
+        block_backward(g, kvb, c.mask, e.scale, r.dk.data(), r.dv.data(), ws, {}, c.softcap);
+        return r;
+      };
+      const Results ba = backward(true), bf = backward(false);
+      if (rich) {
+        EXPECT_LE(max_rel(ba.dv, bf.dv), 1e-5);
+        EXPECT_NE(ba.dv, bf.dv) << "the two paths gave the same bits: one of them did not run";
+        std::printf("%s: AMX against FMA, o %.2g dv %.2g of max |FMA|\n", c.name, max_rel(fa.o, ff.o),
+                    max_rel(ba.dv, bf.dv));
+      } else {
+        EXPECT_LE(max_rel(ba.dq, bf.dq), 1e-5);
+        EXPECT_LE(max_rel(ba.dk, bf.dk), 1e-5);
+        EXPECT_NE(ba.dq, bf.dq) << "the two paths gave the same bits: one of them did not run";
+        EXPECT_NE(ba.dk, bf.dk) << "the two paths gave the same bits: one of them did not run";
+        std::printf("%s: AMX against FMA, dq %.2g dk %.2g of max |FMA|\n", c.name, max_rel(ba.dq, bf.dq),
+                    max_rel(ba.dk, bf.dk));
+      }
     }
   amx::set_enabled(was);
 }

@@ -935,40 +935,41 @@ TEST(BlockAttention, Bf16PrecisionMatchesDenseReferenceWithinTheRoundingBound) {
   for (const Case& c : packed_cases()) all.push_back(c);
   const bool was = amx::enabled();
   for (const bool tiles : {false, true}) {
-  if (tiles && !amx::available()) continue;
-  amx::set_enabled(tiles);
-  SCOPED_TRACE(tiles ? "AMX" : "no AMX");
-  on_every_target([&] {
-    double used = 0, moved = 0;
-    for (const Case& c : all)
-      for (double cap : {0.0, 0.7}) {
-        SCOPED_TRACE(std::string(c.name) + ", softcap " + std::to_string(cap));
-        Global g = random_inputs(c.s, 11);
-        for (auto* t : {&g.q, &g.k, &g.v, &g.dout})  // the values the kernels see
-          for (double& x : *t) x = value_cast<double>(value_cast<bf16>(x));
-        const double scale = 1.0 / std::sqrt(double(c.s.D));
-        const AttentionExtras x{cap, {}, {}};
-        const DenseResult ref = visible_keys_reference(g, c.mask, scale, cap);
-        DenseResult bound = bf16_rounding_bounds(g, c.mask, scale, cap);
-        for (auto* t : {&bound.o, &bound.dq, &bound.dk, &bound.dv})
-          for (double& e : *t) e *= 1.1;
-        const DenseResult got = simulate_ring<bf16>(g, c.layout, c.mask, scale, c.tiling, x, Precision::bf16);
-        const DenseResult f32 = simulate_ring<bf16>(g, c.layout, c.mask, scale, c.tiling, x, Precision::f32);
-        constexpr double kTol = 2e-5;
-        used = std::max(used, expect_within("o", got.o, ref.o, bound.o, kTol));
-        EXPECT_LE(rel(got.lse, ref.lse), kTol);
-        used = std::max(used, expect_within("dq", got.dq, ref.dq, bound.dq, kTol));
-        used = std::max(used, expect_within("dk", got.dk, ref.dk, bound.dk, kTol));
-        used = std::max(used, expect_within("dv", got.dv, ref.dv, bound.dv, kTol));
-        // f32 precision is within float rounding of the reference; bf16 moves O and the gradients
-        // by the rounding, some 2^-9 of a term, far beyond it (20x the float tolerance)
-        for (const auto& [a, b] : {std::pair{&got.o, &f32.o}, {&got.dq, &f32.dq}, {&got.dk, &f32.dk}, {&got.dv, &f32.dv}})
-          moved = std::max(moved, rel(*a, *b));
-        EXPECT_GT(std::max({rel(got.o, f32.o), rel(got.dv, f32.dv), rel(got.dq, f32.dq)}), 20 * kTol);
-      }
-    std::printf("bf16 precision on %s%s: at most %.2f of the rounding bound used; up to %.2g from f32 precision\n",
-                simd::current().c_str(), tiles ? "+AMX" : "", used, moved);
-  });
+    if (tiles && !amx::available()) continue;
+    amx::set_enabled(tiles);
+    SCOPED_TRACE(tiles ? "AMX" : "no AMX");
+    on_every_target([&] {
+      double used = 0, moved = 0;
+      for (const Case& c : all)
+        for (double cap : {0.0, 0.7}) {
+          SCOPED_TRACE(std::string(c.name) + ", softcap " + std::to_string(cap));
+          Global g = random_inputs(c.s, 11);
+          for (auto* t : {&g.q, &g.k, &g.v, &g.dout})  // the values the kernels see
+            for (double& x : *t) x = value_cast<double>(value_cast<bf16>(x));
+          const double scale = 1.0 / std::sqrt(double(c.s.D));
+          const AttentionExtras x{cap, {}, {}};
+          const DenseResult ref = visible_keys_reference(g, c.mask, scale, cap);
+          DenseResult bound = bf16_rounding_bounds(g, c.mask, scale, cap);
+          for (auto* t : {&bound.o, &bound.dq, &bound.dk, &bound.dv})
+            for (double& e : *t) e *= 1.1;
+          const DenseResult got = simulate_ring<bf16>(g, c.layout, c.mask, scale, c.tiling, x, Precision::bf16);
+          const DenseResult f32 = simulate_ring<bf16>(g, c.layout, c.mask, scale, c.tiling, x, Precision::f32);
+          constexpr double kTol = 2e-5;
+          used = std::max(used, expect_within("o", got.o, ref.o, bound.o, kTol));
+          EXPECT_LE(rel(got.lse, ref.lse), kTol);
+          used = std::max(used, expect_within("dq", got.dq, ref.dq, bound.dq, kTol));
+          used = std::max(used, expect_within("dk", got.dk, ref.dk, bound.dk, kTol));
+          used = std::max(used, expect_within("dv", got.dv, ref.dv, bound.dv, kTol));
+          // f32 precision is within float rounding of the reference; bf16 moves O and the gradients
+          // by the rounding, some 2^-9 of a term, far beyond it (20x the float tolerance)
+          for (const auto& [a, b] :
+               {std::pair{&got.o, &f32.o}, {&got.dq, &f32.dq}, {&got.dk, &f32.dk}, {&got.dv, &f32.dv}})
+            moved = std::max(moved, rel(*a, *b));
+          EXPECT_GT(std::max({rel(got.o, f32.o), rel(got.dv, f32.dv), rel(got.dq, f32.dq)}), 20 * kTol);
+        }
+      std::printf("bf16 precision on %s%s: at most %.2f of the rounding bound used; up to %.2g from f32 precision\n",
+                  simd::current().c_str(), tiles ? "+AMX" : "", used, moved);
+    });
   }
   amx::set_enabled(was);
 }
