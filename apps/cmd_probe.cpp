@@ -52,8 +52,9 @@ void print_strategies(const Probe& p) {
 
 void print_probe(const ProbeConfig& c, const Probe& p) {
   const core::Shape& s = p.shape;
-  fmt::print("ringattn probe: {} {}, {}, layout {} over N={} ranks\n", s.str(), core::dtype_name(p.dtype),
-             c.causal ? "causal" : "non-causal", c.layout, p.N);
+  fmt::print("ringattn probe: {} {}{}, {}, layout {} over N={} ranks\n", s.str(), core::dtype_name(p.dtype),
+             p.precision == core::Precision::bf16 ? " (precision bf16)" : "", c.causal ? "causal" : "non-causal",
+             c.layout, p.N);
   fmt::print("\nstep 1: ring sendrecv, rank r -> r+1 while r-1 -> r (one-way GB/s per rank; slowest rank's median)\n");
   if (p.bandwidth.empty()) {
     fmt::print("  N=1: no neighbour, nothing travels; no bandwidth to measure (run under mpirun -np 2 or more)\n");
@@ -102,6 +103,9 @@ Command add_probe_command(CLI::App& parent) {
   CLI::App* probe = parent.add_subcommand("probe", "measure this machine: bandwidth, compute rate, beta, "
                                                    "predicted and measured comm/compute (under mpirun)");
   add_shape_options(probe, c, "bf16, f16, f32 or f64 (default f32; bf16 and f16 are stored and sent, f32 computes)");
+  probe->add_option("--precision", c.precision,
+                    "f32 (default) or bf16: P rounded to bf16 so the kernels' products run on bf16 dot products "
+                    "(--dtype bf16 only)");
   probe->add_flag("--causal", c.causal, "causal mask j <= i for the ring run (half the pairs are useful)");
   probe->add_option("--layout", c.layout, "contiguous, striped or zigzag (default contiguous)");
   add_integer(probe, "--min-bytes", c.bw.min_bytes, "smallest message of the bandwidth table")->capture_default_str();

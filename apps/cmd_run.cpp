@@ -54,6 +54,9 @@ Command add_run_command(CLI::App& parent) {
                 "(no outputs, no check)");
 #endif
   run->add_option("--rope", c.rope_theta, "RoPE (rotate-half) on q and k at global positions, base THETA; D even");
+  run->add_option("--precision", c.precision,
+                  "f32 (default): the kernels' products take P and dS exactly; bf16: P and dS rounded to bf16 first, "
+                  "as FlashAttention does, so every product runs on bf16 dot products (--dtype bf16 only)");
   run->add_option("--softcap", c.softcap, "soft-cap the scaled scores: s -> C tanh(s / C) (C > 0; 0: none)");
   run->add_option("--sinks", c.sinks_file,
                   "attention sinks: FILE.npy holds [H] logits, one per query head, in every row's softmax "

@@ -219,7 +219,7 @@ class Call {
        std::vector<Index> doc_lens, std::string layout, std::vector<Index> partition, std::optional<double> scale,
        std::optional<double> rope, std::string strategy, std::optional<int> ulysses_degree,
        std::optional<int> kv_head_group, std::optional<double> timeout, std::optional<double> softcap,
-       std::vector<double> sinks, std::vector<Index> cu_seqlens)
+       std::vector<double> sinks, std::vector<Index> cu_seqlens, std::string precision)
       : q_(std::move(q)), k_(std::move(k)) {
     MPI_Comm* handle = PyMPIComm_Get(comm.ptr());
     if (!handle) throw py::error_already_set();
@@ -240,18 +240,19 @@ class Call {
     o.softcap = softcap;
     o.sinks = sinks;
     o.cu_seqlens = std::move(cu_seqlens);
+    o.precision = std::move(precision);
     int size = 1;
     MPI_Comm_size(mpi, &size);
     const bool shaped = q_.size() == 4 && k_.size() == 4;
     const std::string shared = fmt::format(
         "N={} S={} B={} H={} HKV={} D={} {} causal={} window={} docs={} cu={} {} part={} scale={} rope={} {} U={} G={} "
-        "timeout={} softcap={} sinks={}",
+        "timeout={} softcap={} sinks={} precision={}",
         size, seq_len, shaped ? q_[0] : -1, shaped ? q_[2] : -1, shaped ? k_[2] : -1, shaped ? q_[3] : -1,
         fmt::join(dtypes, ","), causal, window.value_or(0), fmt::join(o.doc_lens, ","), fmt::join(o.cu_seqlens, ","),
         o.layout, fmt::join(o.partition, ","), scale ? fmt::format("{:a}", *scale) : "-",
         rope ? fmt::format("{:a}", *rope) : "-", o.strategy, ulysses_degree.value_or(0), kv_head_group.value_or(0),
         timeout ? fmt::format("{:a}", *timeout) : "default", softcap ? fmt::format("{:a}", *softcap) : "-",
-        sinks.size());  // a plan with sinks is reused with the call's values (set_sinks)
+        sinks.size(), o.precision);  // a plan with sinks is reused with the call's values (set_sinks)
     // The communicator's handle differs between processes: it is this rank's own part of the key.
     const std::string local = fmt::format("{:x} {}/{}/{}", reinterpret_cast<std::uintptr_t>(mpi), shape_text(q_),
                                           shape_text(k_), shape_text(v));
@@ -401,7 +402,7 @@ PYBIND11_MODULE(_ringattn, m) {
                     std::vector<std::string>, std::string, bool, bool, std::optional<Index>, std::vector<Index>,
                     std::string, std::vector<Index>, std::optional<double>, std::optional<double>, std::string,
                     std::optional<int>, std::optional<int>, std::optional<double>, std::optional<double>,
-                    std::vector<double>, std::vector<Index>>())
+                    std::vector<double>, std::vector<Index>, std::string>())
       .def_property_readonly("dtype", &Call::dtype)
       .def_property_readonly("local_size", &Call::local_size)
       .def("forward", &Call::forward)

@@ -21,8 +21,10 @@
 //
 // Beyond plain attention (AttentionOptions): softcap (s -> c tanh(s/c)), sinks (one logit per query
 // head in every row's softmax denominator; their gradient comes in Outputs::dsinks, the whole of it
-// on every rank), cu_seqlens (documents as offsets, instead of doc_lens), and a gradient flowing
-// into LSE (backward's dlse).
+// on every rank), cu_seqlens (documents as offsets, instead of doc_lens), precision ("bf16", with
+// dtype "bf16" only: P and dS rounded to bf16 before their products, as FlashAttention does, so
+// every product runs on bf16 dot products; "f32", the default, keeps them exact) and a gradient
+// flowing into LSE (backward's dlse).
 //
 // Errors: a bad option or a shard of the wrong size throws InputError with a one-line message, on
 // every rank of the communicator at once (the ranks agree on errors before they exchange data), so

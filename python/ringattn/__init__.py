@@ -155,7 +155,20 @@ def _out_of_memory(e):
 def _default_args():
     return dict(seq_len=0, causal=False, window=None, doc_lens=[], layout="auto", partition=[], scale=None,
                 rope=None, strategy="ring", ulysses_degree=None, kv_head_group=None, timeout=None, softcap=None,
-                sinks=[], cu_seqlens=[])
+                sinks=[], cu_seqlens=[], precision="f32")
+
+
+_PRECISIONS = {torch.float32: "f32", torch.bfloat16: "bf16"}
+
+
+def _precision(x):
+    """The precision's name: a string as given (the plan checks it), or torch.float32 / torch.bfloat16."""
+    if isinstance(x, torch.dtype):
+        if x not in _PRECISIONS:
+            raise InputError(f"precision: {x} is not a precision (expected \"f32\" or \"bf16\", or torch.float32 "
+                             f"or torch.bfloat16)")
+        return _PRECISIONS[x]
+    return _name("precision", x)
 
 
 def _sink_values(sinks):
@@ -200,7 +213,8 @@ class _Prepared:
                 kv_head_group=_int_or_none("kv_head_group", args["kv_head_group"], bits=31),
                 timeout=_number_or_none("timeout", args["timeout"]),
                 softcap=_number_or_none("softcap", args["softcap"]), sinks=_sink_values(args["sinks"]),
-                cu_seqlens=_int_list("cu_seqlens", args["cu_seqlens"]))
+                cu_seqlens=_int_list("cu_seqlens", args["cu_seqlens"]),
+                precision=_precision(args["precision"]))
             self.out_dtype = _out_dtype(args.get("out_dtype"), q.dtype if isinstance(q, torch.Tensor) else None)
         except InputError as e:
             self.error = self.error or str(e)
@@ -257,7 +271,7 @@ class _Prepared:
         return _Call(self.comm, a["seq_len"], self.shapes[0], self.shapes[1], self.shapes[2], self.dtypes,
                      self.error, self.failure, a["causal"], a["window"], a["doc_lens"], a["layout"], a["partition"],
                      a["scale"], a["rope"], a["strategy"], a["ulysses_degree"], a["kv_head_group"], a["timeout"],
-                     a["softcap"], a["sinks"], a["cu_seqlens"])
+                     a["softcap"], a["sinks"], a["cu_seqlens"], a["precision"])
 
 
 def _failure(what, e, comm):
@@ -338,7 +352,7 @@ class _AttentionFunction(torch.autograd.Function):
 @_agreed_signature
 def attention_lse(q, k, v, *, seq_len=None, causal=False, window=None, doc_lens=None, cu_seqlens=None,
                   layout="auto", partition=None, scale=None, softcap=None, sinks=None, rope=None, strategy="ring",
-                  ulysses_degree=None, kv_head_group=None, comm=None, timeout=None, out_dtype=None):
+                  ulysses_degree=None, kv_head_group=None, comm=None, timeout=None, out_dtype=None, precision="f32"):
     """(O, LSE) of this rank's shard; arguments as attention(). LSE [B, H, L] (natural log) is
     float64 for float64 inputs and float32 otherwise, whatever out_dtype, and differentiable: a loss
     that uses it (a z-loss, a merge with another attention) sends its gradient into q and k (and the
@@ -346,7 +360,8 @@ def attention_lse(q, k, v, *, seq_len=None, causal=False, window=None, doc_lens=
     p = _Prepared(q, k, v, dict(seq_len=seq_len, causal=causal, window=window, doc_lens=doc_lens, layout=layout,
                                 partition=partition, scale=scale, rope=rope, strategy=strategy,
                                 ulysses_degree=ulysses_degree, kv_head_group=kv_head_group, timeout=timeout,
-                                out_dtype=out_dtype, softcap=softcap, sinks=sinks, cu_seqlens=cu_seqlens), comm)
+                                out_dtype=out_dtype, softcap=softcap, sinks=sinks, cu_seqlens=cu_seqlens,
+                                precision=precision), comm)
     if p.tensors is None:  # this rank's error, or q, k, v it could not read
         p.call()  # raises it, or a peer's, on every rank, before autograd sees the inputs
         raise AssertionError("ringattn: the ranks agreed on a call this rank cannot make")  # not reached
@@ -356,7 +371,7 @@ def attention_lse(q, k, v, *, seq_len=None, causal=False, window=None, doc_lens=
 @_agreed_signature
 def attention(q, k, v, *, seq_len=None, causal=False, window=None, doc_lens=None, cu_seqlens=None, layout="auto",
               partition=None, scale=None, softcap=None, sinks=None, rope=None, strategy="ring", ulysses_degree=None,
-              kv_head_group=None, comm=None, timeout=None, out_dtype=None):
+              kv_head_group=None, comm=None, timeout=None, out_dtype=None, precision="f32"):
     """This rank's O [B, L, H, D] of softmax(scale * q k^T + mask) v over the whole sequence.
 
     q [B, L, H, D], k, v [B, L, HKV, D]: this rank's shard, its L positions given by
@@ -389,13 +404,19 @@ def attention(q, k, v, *, seq_len=None, causal=False, window=None, doc_lens=None
       in float64 for float64 inputs and float32 otherwise, then rounded once to out_dtype (to
       nearest even, as .to() does): torch.float32 keeps the float32 result of 16-bit inputs.
       torch.float32, float64, bfloat16 or float16; anything else raises InputError on every rank.
+    precision: "f32" (the default; or torch.float32): the products with P and dS take them exactly.
+      "bf16" (or torch.bfloat16), for bfloat16 q, k, v only: P and dS are rounded to bfloat16 before
+      their products (P v, P^T dO, dS k, dS^T q), as FlashAttention and PyTorch's own bf16 attention
+      do, so every product runs on bf16 dot products (AMX tiles where the CPU has them); softmax
+      statistics and sums stay float32.
     O is differentiable once: its backward runs the distributed backward (collective over comm)
     and fills q.grad, k.grad, v.grad; differentiating those again raises.
     """
     o, _ = attention_lse(q, k, v, seq_len=seq_len, causal=causal, window=window, doc_lens=doc_lens,
                          cu_seqlens=cu_seqlens, layout=layout, partition=partition, scale=scale, softcap=softcap,
                          sinks=sinks, rope=rope, strategy=strategy, ulysses_degree=ulysses_degree,
-                         kv_head_group=kv_head_group, comm=comm, timeout=timeout, out_dtype=out_dtype)
+                         kv_head_group=kv_head_group, comm=comm, timeout=timeout, out_dtype=out_dtype,
+                         precision=precision)
     return o
 
 

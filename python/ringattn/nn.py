@@ -39,7 +39,7 @@ class DistributedAttention(torch.nn.Module):
 
     seq_len: S, the positions over all ranks. Keywords: any of ringattn.attention's (causal,
       window, doc_lens, layout, partition, scale, rope, strategy, ulysses_degree, comm, timeout,
-      out_dtype, ...), with its defaults; an unknown one raises InputError here.
+      out_dtype, precision, ...), with its defaults; an unknown one raises InputError here.
     sinks: given as a tensor [H] of initial sink logits, the module learns them: self.sinks is an
       nn.Parameter initialised from a copy, passed to every call. Its gradient is already the
       whole one on every rank (ringattn sums it over all ranks' rows), so a training loop that

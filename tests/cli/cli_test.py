@@ -91,8 +91,9 @@ def report_fields(traffic):
             check(isinstance(rep["time"].get(k), float) and rep["time"][k] > 0, f"time.{k} > 0")
         for opt in ("seq", "batch", "heads", "kv_heads", "head_dim", "dtype", "causal", "window", "doc_lens", "layout",
                     "partition", "scale", "seed", "inputs", "out", "check", "report", "warmup", "iters", "trace",
-                    "timeout"):
+                    "timeout", "precision"):
             check(opt in rep["config"], f"config.{opt}")
+        check(rep["config"]["precision"] == "f32", f"config.precision is f32 by default ({rep['config']['precision']})")
         check(len(rep["ranks"]) == 3, "one entry per rank")
         sizes = [10, 0, 27]
         for r, rr in enumerate(rep["ranks"]):
@@ -220,6 +221,11 @@ def test_bad_input_exits_2():
             "missing inputs dir": ["run", "--inputs", f"{d}/nope"],
             "truncated npy": ["run", "--inputs", trunc],
             "out is a file": base + ["--out", afile],
+            "precision bf16 with f32 storage": base + ["--precision", "bf16"],
+            "unknown precision": base + ["--dtype", "bf16", "--precision", "fp8"],
+            "precision bf16 with --layer": ["run", "--layer", "--model-dim", 8, "--seq", 16, "--heads", 2,
+                                            "--head-dim", 4, "--dtype", "bf16", "--precision", "bf16"],
+            "precision for decode": ["decode", "--precision", "bf16"],
         }
         for what, args in cases.items():
             p = ringattn(2, *args, timeout=60)
@@ -367,6 +373,12 @@ def test_bf16_bytes():
                   f"rank {r['rank']}: forward K/V bytes {2 * led['fwd_kv_recv_elems']} == plan --bytes 2's "
                   f"{plan['recv_bytes']}")
         check(reps["bf16"]["config"]["dtype"] == "bf16", f"config.dtype {reps['bf16']['config']['dtype']}")
+        # precision bf16: the same bytes, named in the report, and within --check's tolerance
+        p = ringattn(4, "run", *shape, "--dtype", "bf16", "--precision", "bf16", "--causal", "--check", "--report",
+                     f"{d}/prec.json")
+        check(p.returncode == 0, f"--precision bf16 at N=4 passes --check (exit {p.returncode}: {p.stderr[-300:]})")
+        if p.returncode == 0:
+            check(json.load(open(f"{d}/prec.json"))["config"]["precision"] == "bf16", "config.precision bf16")
         # The memory: at a shape where the shards, not the fixed tile scratch, are what a rank holds.
         big = ["--seq", 4096, "--heads", 4, "--kv-heads", 2, "--head-dim", 64, "--causal", "--iters", 1, "--warmup", 0]
         for dt in ("bf16", "f32"):

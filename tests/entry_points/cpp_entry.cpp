@@ -63,6 +63,7 @@ int main(int argc, char** argv) {
     else if (key == "ulysses_degree") o.ulysses_degree = std::stoi(value);
     else if (key == "timeout") o.timeout_s = std::stod(value);
     else if (key == "softcap") o.softcap = std::stod(value);
+    else if (key == "precision") o.precision = value;
     else if (key == "cu_seqlens") o.cu_seqlens = ints(value);
     else if (key == "sinks") o.sinks = doubles(value);
     else {

@@ -39,6 +39,7 @@ def main():
                            partition=ints("partition"), scale=num("scale", float), rope=num("rope", float),
                            strategy=a.get("strategy", "ring"), ulysses_degree=num("ulysses_degree", int),
                            softcap=num("softcap", float), cu_seqlens=ints("cu_seqlens"),
+                           precision=a.get("precision", "f32"),
                            sinks=torch.tensor([float(x) for x in a["sinks"].split(",")], dtype=torch.float64)
                            if "sinks" in a else None, comm=comm)
     except ValueError as e:

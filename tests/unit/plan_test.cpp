@@ -221,6 +221,35 @@ TEST(Plan, SoftcapZeroIsNoneAndANegativeOneIsRefused) {
   expect_refused(o, 1, Option::softcap, "--softcap: inf is not a cap");
 }
 
+// f32 (the default) or bf16; bf16 only with bf16 storage, where it reaches the strategy's setup.
+TEST(Plan, PrecisionIsF32OrBf16WithBf16StorageOnly) {
+  PlanOptions o = small();
+  EXPECT_EQ(o.precision, "f32");
+  EXPECT_EQ(make_attention_plan(o, 2, cli_names()).precision, core::Precision::f32);
+  o.dtype = "bf16";
+  o.precision = "bf16";
+  const AttentionPlan p = make_attention_plan(o, 2, cli_names());
+  EXPECT_EQ(p.precision, core::Precision::bf16);
+  EXPECT_EQ(strategy_setup(p).precision, core::Precision::bf16);
+  EXPECT_GT(check_tolerance(p.dtype, p.precision), check_tolerance(p.dtype));  // P and dS rounded as well
+  bool listed = false;  // the plan's fields, which every rank must hold the same, include it
+  for (const PlanField& f : plan_fields(p, o, cli_names()))
+    listed = listed || (f.name == "--precision" && f.value == "bf16");
+  EXPECT_TRUE(listed);
+  for (const char* dtype : {"f32", "f16", "f64"}) {
+    o.dtype = dtype;
+    expect_refused(o, 2, Option::precision, "--precision bf16 needs --dtype bf16 (");
+    EXPECT_NE(refusal(o, 2).second.find(std::string("--dtype is ") + dtype), std::string::npos) << refusal(o, 2).second;
+  }
+  o.dtype = "f32";
+  EXPECT_EQ(refusal(o, 2, cpp_names()).second.rfind("precision bf16 needs dtype bf16 (", 0), 0u);
+  EXPECT_EQ(refusal(o, 2, python_names()).second.rfind("precision bf16 needs dtype bf16 (", 0), 0u);
+  o.dtype = "bf16";
+  o.precision = "fp8";
+  expect_refused(o, 2, Option::precision, "--precision: unknown precision 'fp8' (expected f32 or bf16)");
+  EXPECT_EQ(refusal(o, 2, python_names()).second, "precision: unknown precision 'fp8' (expected f32 or bf16)");
+}
+
 // The KV cache's merge is one of two names, refused in each front end's words.
 TEST(Plan, MergeIsAllreduceOrGather) {
   EXPECT_NO_THROW(check_merge("allreduce", cli_names()));

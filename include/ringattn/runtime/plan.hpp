@@ -30,6 +30,7 @@ namespace ringattn::runtime {
 enum class Option {
   seq, batch, heads, kv_heads, head_dim, dtype, causal, window, doc_lens, layout, partition, scale, rope,
   strategy, ulysses_degree, timeout, tile_q, tile_k, tile_strip, traffic, kv_head_group, softcap, sinks, cu_seqlens,
+  precision,
   merge, capacity,  // the KV cache's (decode)
   count
 };
@@ -72,6 +73,7 @@ struct PlanOptions {
   std::optional<int> ulysses_degree;  // usp: ranks per all-to-all group
   std::optional<int> kv_head_group;   // allgather: KV heads gathered at once (divides HKV); empty: by memory
   std::string dtype = "f32";          // storage type of q, k, v, dout: f32 | f64 | bf16 | f16
+  std::string precision = "f32";      // f32 | bf16: P and dS rounded to bf16 before their products (bf16 dtype only)
   std::optional<double> timeout_s;    // watchdog on every wait (seconds); 0: none; empty: default_timeout
   core::Tiling tiling;                // kernel tiles; zeros: the SIMD target's defaults
   std::string traffic = "aware";      // full | aware | skip-empty (see core::Traffic)
@@ -103,6 +105,7 @@ struct AttentionPlan {
   double scale = 1;
   std::optional<double> rope_theta;
   double softcap = 0;             // 0: none
+  core::Precision precision = core::Precision::f32;
   std::vector<double> sinks;      // [H], or empty
   std::vector<Index> doc_lens;    // the documents, from doc_lens or cu_seqlens; empty: none
   core::Tiling tiling;     // as given (0: the target's default, resolved per strategy in setup())
@@ -143,6 +146,11 @@ double default_timeout(const core::Shape& s, Index largest_shard, bool backward,
 // within float32's range for a @dtype other than f64. OptionError(sinks) otherwise.
 void check_sinks(std::span<const double> sinks, Index H, core::DType dtype, const OptionNames& names);
 
+// The products' precision `name` names (f32, bf16; core::Precision) for storage type `dtype`: bf16
+// only with bf16 storage. OptionError(precision) otherwise.
+core::Precision parse_precision(const std::string& name, core::DType dtype, const OptionNames& names);
+const char* precision_name(core::Precision p);
+
 // The KV cache's merge of partial states, `name`: allreduce or gather; OptionError(merge) otherwise.
 void check_merge(const std::string& name, const OptionNames& names);
 
@@ -155,6 +163,9 @@ std::vector<PlanField> plan_fields(const AttentionPlan& p, const PlanOptions& o,
 // Relative tolerance against the float64 reference: f32 3e-4 (a few hundred ulps of float after
 // exp amplifies score rounding by |S|, and sums over S keys), f64 1e-10; bf16 and f16 compute in
 // f32 on rounded inputs, so their reference is the one of the rounded inputs and f32's bound holds.
-double check_tolerance(core::DType t);
+// Precision bf16 rounds P and dS as well (unit roundoff 2^-9, about 2e-3): o's error is at most that
+// times max|v| (its natural magnitude), and the gradients sum such rounded terms over many rows, so
+// their bound is a few roundoffs: 1e-2.
+double check_tolerance(core::DType t, core::Precision p = core::Precision::f32);
 
 }  // namespace ringattn::runtime

@@ -13,6 +13,7 @@
 
 #include "ringattn/comm/bandwidth.hpp"
 #include "ringattn/comm/comm.hpp"
+#include "ringattn/core/block_attention.hpp"
 #include "ringattn/core/shape.hpp"
 #include "ringattn/io/json.hpp"
 
@@ -23,6 +24,7 @@ using core::Index;
 struct ProbeConfig {
   std::optional<Index> seq, batch, heads, kv_heads, head_dim;
   std::string dtype = "f32";
+  std::string precision = "f32";  // as run's: bf16 rounds P to bf16 for bf16 dot products (--dtype bf16)
   bool causal = false;
   std::string layout = "auto";  // as run: zigzag for a causal mask, contiguous otherwise
   comm::BandwidthOptions bw;
@@ -46,6 +48,7 @@ struct StrategyProbe {
 
 struct Probe {  // everything measured and derived, as rank 0 reports it
   core::Shape shape;
+  core::Precision precision = core::Precision::f32;
   core::DType dtype;
   int N = 1;
   Index L = 0;              // largest shard: the block the kernel is timed on and the ring moves

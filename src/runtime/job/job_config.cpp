@@ -59,9 +59,11 @@ std::string shape_str(const std::vector<Index>& v) {
 void check_run_options(const JobConfig& c) {
   if (c.iters < 1) throw InputError(fmt::format("--iters: {} is not >= 1", c.iters));
   if (c.warmup < 0) throw InputError(fmt::format("--warmup: {} is negative", c.warmup));
-  // The layer's reference and outputs have no soft-capping and no sink gradient.
+  // The layer's reference and outputs have no soft-capping and no sink gradient; its projections
+  // are f32 or f64, where bf16 products do not apply.
   for (const auto& [option, given] : {std::pair{"--softcap", c.softcap.value_or(0) != 0},
-                                      std::pair{"--sinks", !c.sinks_file.empty()}})
+                                      std::pair{"--sinks", !c.sinks_file.empty()},
+                                      std::pair{"--precision", c.precision == "bf16"}})
     if (given && c.layer)
       throw InputError(fmt::format("{}: not with --layer (expected it in attention mode, without --layer)", option));
   if (c.timing_only) {
@@ -323,6 +325,7 @@ io::Json config_json(const JobConfig& c, const JobPlan& p, int N) {
   j["traffic"] = c.traffic;
   j["rope"] = c.rope_theta ? io::Json(*c.rope_theta) : io::Json();
   j["softcap"] = p.softcap > 0 ? io::Json(p.softcap) : io::Json();
+  j["precision"] = precision_name(p.precision);
   j["sinks"] = c.sinks_file.empty() ? io::Json() : io::Json(c.sinks_file);
   j["strategy"] = strategy_name(p.strategy);
   j["ulysses_degree"] = p.ulysses_degree;

@@ -24,7 +24,7 @@ namespace {
 constexpr std::array<const char*, kOptions> kTokens = {
     "seq",  "batch",    "heads", "kv_heads", "head_dim",       "dtype",   "causal", "window", "doc_lens", "layout",
     "partition", "scale", "rope", "strategy", "ulysses_degree", "timeout", "tile_q", "tile_k", "tile_strip", "traffic",
-    "kv_head_group", "softcap", "sinks", "cu_seqlens", "merge", "capacity"};
+    "kv_head_group", "softcap", "sinks", "cu_seqlens", "precision", "merge", "capacity"};
 
 std::string join(std::span<const Index> v) {
   std::string s;
@@ -264,7 +264,7 @@ const OptionNames& cli_names() {
   static const OptionNames n{{"--seq", "--batch", "--heads", "--kv-heads", "--head-dim", "--dtype", "--causal",
                               "--window", "--doc-lens", "--layout", "--partition", "--scale", "--rope", "--strategy",
                               "--ulysses-degree", "--timeout", "--tile-q", "--tile-k", "--tile-strip", "--traffic",
-                              "--kv-head-group", "--softcap", "--sinks", "cu_seqlens", "--merge",
+                              "--kv-head-group", "--softcap", "--sinks", "cu_seqlens", "--precision", "--merge",
                               "capacity"}};
   return n;
 }
@@ -273,7 +273,7 @@ const OptionNames& cpp_names() {
   static const OptionNames n{{"shape.S", "shape.B", "shape.H", "shape.HKV", "shape.D", "dtype", "causal", "window",
                               "doc_lens", "layout", "partition", "scale", "rope_theta", "strategy", "ulysses_degree",
                               "timeout_s", "tiling.q_rows", "tiling.k_cols", "tiling.strip_rows", "traffic",
-                              "kv_head_group", "softcap", "sinks", "cu_seqlens", "merge", "capacity"}};
+                              "kv_head_group", "softcap", "sinks", "cu_seqlens", "precision", "merge", "capacity"}};
   return n;
 }
 
@@ -282,8 +282,23 @@ const OptionNames& python_names() {
   static const OptionNames n{{"seq_len", "q's B", "q's H", "k's HKV", "q's D", "dtype", "causal", "window",
                               "doc_lens", "layout", "partition", "scale", "rope", "strategy", "ulysses_degree",
                               "timeout", "tile_q", "tile_k", "tile_strip", "traffic", "kv_head_group", "softcap",
-                              "sinks", "cu_seqlens", "merge", "capacity"}};
+                              "sinks", "cu_seqlens", "precision", "merge", "capacity"}};
   return n;
+}
+
+const char* precision_name(core::Precision p) { return p == core::Precision::bf16 ? "bf16" : "f32"; }
+
+core::Precision parse_precision(const std::string& name, DType dtype, const OptionNames& n) {
+  if (name == "f32") return core::Precision::f32;
+  if (name != "bf16")
+    fail(n, Option::precision, fmt::format("@precision: unknown precision '{}' (expected f32 or bf16)", name));
+  // Rounding P and dS to bf16 pays only where the other operand is bf16 already: then every product
+  // runs on bf16 dot products. With wider storage it would only lose accuracy.
+  if (dtype != DType::bf16)
+    fail(n, Option::precision, fmt::format("@precision bf16 needs @dtype bf16 (it rounds P and dS to bf16 to "
+                                           "multiply them with bf16 K, V, Q and dO; @dtype is {})",
+                                           core::dtype_name(dtype)));
+  return core::Precision::bf16;
 }
 
 void check_merge(const std::string& name, const OptionNames& n) {
@@ -329,7 +344,10 @@ StrategyKind parse_strategy(const std::string& name, const OptionNames& n) {
        fmt::format("@strategy: unknown strategy '{}' (expected ring, ulysses, usp or allgather)", name));
 }
 
-double check_tolerance(DType t) { return t == DType::f64 ? 1e-10 : 3e-4; }
+double check_tolerance(DType t, core::Precision p) {
+  if (p == core::Precision::bf16) return 1e-2;
+  return t == DType::f64 ? 1e-10 : 3e-4;
+}
 
 core::LayoutKind resolve_layout(const std::string& name, bool causal, Index window, bool partitioned,
                                 const OptionNames& n) {
@@ -365,6 +383,7 @@ AttentionPlan make_attention_plan(const PlanOptions& o, int N, const OptionNames
   check_mask(o, n);
   p.doc_lens = checked_documents(o, n);
   p.softcap = checked_softcap(o, p.dtype, n);
+  p.precision = parse_precision(o.precision, p.dtype, n);
   if (!o.sinks.empty()) check_sinks(o.sinks, o.shape.H, p.dtype, n);
   p.sinks = o.sinks;
   const core::LayoutKind kind = resolve_layout(o.layout, o.causal, o.window.value_or(0), !o.partition.empty(), n);
@@ -408,6 +427,7 @@ StrategySetup strategy_setup(const AttentionPlan& p) {
   s.traffic = p.traffic;
   s.sinks = p.sinks.empty() ? nullptr : p.sinks.data();
   s.softcap = p.softcap;
+  s.precision = p.precision;
   s.kind = p.strategy;
   s.ulysses_degree = p.ulysses_degree;
   s.kv_head_group = p.kv_head_group;
@@ -438,6 +458,7 @@ std::vector<PlanField> plan_fields(const AttentionPlan& p, const PlanOptions& o,
           {n[Option::doc_lens], join(p.doc_lens)},
           {n[Option::softcap], p.softcap > 0 ? num(p.softcap) : "off"},
           {n[Option::sinks], sink_text(p.sinks)},
+          {n[Option::precision], precision_name(p.precision)},
           {named(Option::layout, "the layout"), core::layout_name(p.layout.kind())},
           {named(Option::partition, "the shard sizes"), join(p.layout.sizes())},
           {n[Option::scale], num(p.scale)},

@@ -38,7 +38,7 @@ RunResult run_typed(const comm::Comm& comm, const JobConfig& c, const JobPlan& p
   ho.warmup = c.warmup;
   ho.iters = c.iters;
   ho.check = c.check;
-  ho.tolerance = check_tolerance(p.dtype);
+  ho.tolerance = check_tolerance(p.dtype, p.precision);
   ho.report = !c.report.empty();
   ho.trace = !c.trace.empty();
   ho.layout = &p.layout;

@@ -51,6 +51,7 @@ void measure_kernel(const comm::Comm& comm, const ProbeConfig& c, Probe& p) {
   using A = core::accum_t<T>;  // bf16 and f16 are stored, f32 computes
   std::vector<A> m(pq.row_elems()), l(pq.row_elems()), acc(pq.q_elems());
   core::Workspace<A> ws(core::resolve_tiling({}, s.D, L, s.G()), s.D);  // the run's tiling and kernels
+  ws.precision = p.precision;
   const core::Mask none = core::Mask::none();
   const core::QueryShard<T> qs{pq, pos, q.data()};
   const core::KVBlock<T> blk{pk, pos, kv.data(), kv.data() + pk.kv_elems()};
@@ -98,6 +99,7 @@ AttentionPlan plan_for(const ProbeConfig& c, const core::Shape& s, int N, const 
   PlanOptions o;
   o.shape = s;
   o.dtype = c.dtype;
+  o.precision = c.precision;
   o.causal = c.causal;
   o.layout = c.layout;
   o.strategy = strategy;
@@ -217,6 +219,7 @@ Probe probe_typed(const comm::Comm& comm, const ProbeConfig& c, const AttentionP
   const core::Shape& shape = plan.shape;
   p.shape = shape;
   p.dtype = plan.dtype;
+  p.precision = plan.precision;
   p.N = comm.size();
   p.L = plan.layout.max_size();
   const double elem = double(sizeof(T));
@@ -319,6 +322,7 @@ io::Json probe_json(const ProbeConfig& c, const Probe& p) {
   cfg["kv_heads"] = static_cast<std::int64_t>(p.shape.HKV);
   cfg["head_dim"] = static_cast<std::int64_t>(p.shape.D);
   cfg["dtype"] = core::dtype_name(p.dtype);
+  cfg["precision"] = precision_name(p.precision);
   cfg["causal"] = c.causal;
   cfg["layout"] = c.layout;
   cfg["min_bytes"] = c.bw.min_bytes;
