@@ -15,7 +15,7 @@ N divides the heads; learnable sinks, alone, with documents as cu_seqlens given 
 step, and with softcap too; a bfloat16 model (O in bfloat16, multiplied by bfloat16 weights; losses
 within 5e-3 of the float64 reference on the same weights); a copy.deepcopy of the module (it shares
 the communicator). Then the module's own checks: an unknown keyword raises at construction or in
-forward. Exit 0 only when every case passes on every rank.
+forward, and a bad precision (one rank's) raises on every rank. Exit 0 only when every case passes on every rank.
 """
 
 import copy
@@ -180,6 +180,14 @@ def main():
         raises("unknown keyword", lambda: DistributedAttention(16, casual=True), "unknown keyword 'casual'"),
         raises("unknown forward keyword", lambda: DistributedAttention(16)(*(torch.zeros(1, 1, 1, 1),) * 3,
                                                                           widow=3), "unknown keyword 'widow'"),
+        raises("precision bf16 with float32 tensors",
+               lambda: DistributedAttention(16, precision="bf16")(*(torch.zeros(1, 1, 1, 1),) * 3),
+               "precision bf16 needs dtype bf16"),
+        # one rank's bad value: every rank raises it
+        raises("precision torch.float16 on rank 0 only",
+               lambda: DistributedAttention(16, precision=torch.float16 if RANK == 0 else torch.bfloat16)(
+                   *(torch.zeros(1, 1, 1, 1, dtype=torch.bfloat16),) * 3),
+               "precision: torch.float16 is not a precision"),
     ]
     ok = all(results)
     if RANK == 0:
