@@ -33,8 +33,9 @@ void print_attention(const runtime::RunResult& res) {
   const io::Report& rep = res.report;
   const runtime::JobFacts& f = res.facts;
   const int N = f.ranks;
-  fmt::print("ringattn run: {} {}, mask {}, layout {} over N={} ranks, kernels {}, strategy {}\n", f.shape.str(),
-             core::dtype_name(f.dtype), f.mask, f.layout, N, core::simd::kernels(f.dtype), f.strategy);
+  fmt::print("ringattn run: {} {}{}, mask {}, layout {} over N={} ranks, kernels {}, strategy {}\n", f.shape.str(),
+             core::dtype_name(f.dtype), f.precision == core::Precision::bf16 ? " (precision bf16)" : "", f.mask,
+             f.layout, N, core::simd::kernels(f.dtype), f.strategy);
   if (comm::simulated())
     fmt::print("  simulated by SimGrid/SMPI: times are simulated seconds on the platform{}\n",
                f.timing_only ? "; timing-only: the kernels' counted flops were charged, not computed (no values)"

@@ -22,6 +22,7 @@ struct JobFacts {
   Index model_dim = 0;
   std::optional<double> rope;
   bool timing_only = false;  // simulation: counted flops charged, no values
+  core::Precision precision = core::Precision::f32;
 };
 
 // The layer's own per-rank figures (medians over --iters), for its table.

@@ -71,7 +71,7 @@ RunResult run_job(comm::Comm& comm, const JobConfig& c) {
   res.facts = JobFacts{p.shape,    p.dtype,   p.mask.describe(), core::layout_name(p.layout.kind()),
                        p.strategy == StrategyKind::usp ? fmt::format("usp U={}", p.ulysses_degree) : strategy_name(p.strategy),
                        comm.size(), c.iters, c.backward, c.layer, p.mask.causal(),
-                       p.model_dim, c.rope_theta, c.timing_only};
+                       p.model_dim, c.rope_theta, c.timing_only, p.precision};
   return res;
 }
 
