@@ -1,0 +1,39 @@
+#pragma once
+// bf16 score products on AVX512_BF16's dot-product instruction (private to src/core), for CPUs that
+// have it without AMX (AMD Zen 4 and Zen 5; Intel Cooper Lake). vdpbf16ps multiplies pairs of bf16
+// values and adds both products to an f32 lane: on Zen 4/5 that is twice the f32 FMA's rate for the
+// same lanes. The products of two bf16 values are exact in f32, so the scores are the f32 kernels'
+// up to the order of the sum (and denormal operands, which the instruction takes as zero).
+//
+// The operands are amx_tiles.hpp's packing: A the rows (Q or dO) [rows, Dp], B the keys (K or V) as
+// pairs of depth [Dp / 2, 2 ldk], so one workspace serves either product. scores() has amx::scores'
+// contract exactly (the same epilogues, the same reads past the last row and key).
+//
+// The intrinsics live in bf16_dot.cpp, the one file compiled with AVX512_BF16 flags, for the reason
+// amx_tiles.hpp gives; detection (CPUID, XCR0) is portable code in bf16_dot_support.cpp.
+#include <cstdint>
+
+#include "core/amx_tiles.hpp"
+
+namespace ringattn::core::bf16dot {
+
+using Index = std::int64_t;
+
+// Whether the kernels compute bf16 score products with vdpbf16ps now: the CPU and OS allow it, the
+// build has the code, AMX is not in use (it is faster where present), and RINGATTN_BF16DOT does not
+// say otherwise: "0" turns the path off, "1" turns it on even where AMX is present (for tests and
+// benchmarks; AMX then stays off for bf16 scores).
+bool enabled();
+// Whether this machine and build can run the path at all.
+bool available();
+// Turns the path on or off (on only takes effect when available()); for tests and benchmarks.
+void set_enabled(bool on);
+// Whether amx... wins: the value of RINGATTN_BF16DOT and AMX's availability decide (see enabled()).
+int requested(const char* env_value);  // -1: unset or empty (automatic), 0: off, 1: on
+bool compiled();
+
+// As amx::scores: C = A B^T over Dp for n rows and tk keys, then the epilogue per element of S.
+void scores(amx::Epilogue e, const std::uint16_t* A, Index n, const std::uint16_t* B, Index ldk, Index tk, Index Dp,
+            float* S, Index lds, float alpha, const float* P, const float* delta, float* rmax);
+
+}  // namespace ringattn::core::bf16dot

@@ -1,0 +1,111 @@
+// The vdpbf16ps score products of bf16 operands (src/core/bf16_dot.hpp) against a float64
+// reference. Skipped where the CPU, the OS or the build has no AVX512_BF16; on such a machine they
+// must run.
+#include "core/bf16_dot.hpp"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include "ringattn/core/half.hpp"
+
+using namespace ringattn::core;
+using Index = std::int64_t;
+
+namespace {
+
+#define REQUIRE_BF16DOT()                                                                     \
+  if (!bf16dot::available()) GTEST_SKIP() << "no AVX512_BF16 here (CPU, OS or build)"
+
+std::vector<std::uint16_t> random_bf16(Index n, std::mt19937& rng) {
+  std::normal_distribution<float> nd;
+  std::vector<std::uint16_t> x(n);
+  for (auto& b : x) b = to_bf16(nd(rng)).bits;
+  return x;
+}
+
+double value(std::uint16_t b) { return double(to_float(bf16{b})); }
+
+struct Case {
+  Index n, tk, D, i0, k0;  // rows and keys of the product, head dim, row and key offset into the packed operands
+};
+
+// Every epilogue on random tiles, with the packing the AMX path uses: alpha times the float64 dot
+// product to f32 rounding of the sum (the products are exact); max and store give the same bits,
+// the row max is the max of the stored row, and nothing is written past tk or past n.
+TEST(Bf16Dot, ScoresMatchFloat64OnRandomBf16Tiles) {
+  REQUIRE_BF16DOT();
+  std::mt19937 rng(11);
+  for (const Case c : {Case{1, 1, 5, 0, 0}, Case{6, 16, 32, 0, 0}, Case{37, 45, 37, 3, 5}, Case{128, 256, 64, 0, 0},
+                       Case{33, 17, 128, 16, 31}, Case{7, 100, 80, 1, 2}, Case{50, 64, 1, 0, 0},
+                       Case{64, 33, 96, 32, 0}, Case{13, 65, 64, 0, 15}}) {
+    SCOPED_TRACE(testing::Message() << "n=" << c.n << " tk=" << c.tk << " D=" << c.D);
+    const Index rows = c.i0 + c.n, keys = c.k0 + c.tk, Dp = amx::padded_depth(c.D), ldk = amx::packed_keys(keys);
+    const std::vector<std::uint16_t> Q = random_bf16(rows * c.D, rng), K = random_bf16(keys * c.D, rng);
+    std::vector<std::uint16_t> A((rows + amx::kTileRows) * Dp, 0xFFFF), B(Dp * ldk, 0xFFFF);
+    amx::pack_rows(Q.data(), rows, c.D, A.data());
+    amx::pack_pairs(K.data(), keys, c.D, ldk, B.data());
+    const float alpha = 0.3f, kSentinel = 12345.f;
+    const Index lds = c.tk + 16, out_rows = c.n + 2;  // two rows past n must stay untouched
+    std::vector<float> Smax(out_rows * lds, kSentinel), Sstore(out_rows * lds, kSentinel), rmax(c.n + 2, kSentinel);
+    const std::uint16_t* a = A.data() + c.i0 * Dp;
+    const std::uint16_t* b = B.data() + 2 * c.k0;
+    bf16dot::scores(amx::Epilogue::max, a, c.n, b, ldk, c.tk, Dp, Smax.data(), lds, alpha, nullptr, nullptr, rmax.data());
+    bf16dot::scores(amx::Epilogue::store, a, c.n, b, ldk, c.tk, Dp, Sstore.data(), lds, alpha, nullptr, nullptr, nullptr);
+    std::vector<float> P(out_rows * lds), delta(c.n), G(out_rows * lds, kSentinel);
+    std::uniform_real_distribution<float> ud(0.f, 1.f);
+    for (auto& p : P) p = ud(rng);
+    for (auto& d : delta) d = ud(rng) - 0.5f;
+    bf16dot::scores(amx::Epilogue::grad, a, c.n, b, ldk, c.tk, Dp, G.data(), lds, alpha, P.data(), delta.data(), nullptr);
+    double worst = 0, worst_grad = 0;
+    for (Index i = 0; i < c.n; ++i) {
+      float m = -std::numeric_limits<float>::infinity();
+      for (Index j = 0; j < c.tk; ++j) {
+        double dot = 0, mag = 0;
+        for (Index d = 0; d < c.D; ++d) {
+          const double p = value(Q[(c.i0 + i) * c.D + d]) * value(K[(c.k0 + j) * c.D + d]);
+          dot += p;
+          mag += std::abs(p);
+        }
+        // f32 sum of exact products: |error| <= D eps sum |products| (a loose bound of any order)
+        worst = std::max(worst, std::abs(Smax[i * lds + j] - alpha * dot) / (alpha * (mag + 1e-30)));
+        ASSERT_EQ(Smax[i * lds + j], Sstore[i * lds + j]) << i << "," << j;
+        m = std::max(m, Smax[i * lds + j]);
+        const double want_grad = double(alpha) * P[i * lds + j] * (dot - delta[i]);
+        worst_grad = std::max(worst_grad, std::abs(G[i * lds + j] - want_grad) / (alpha * (mag + std::abs(delta[i]))));
+      }
+      EXPECT_EQ(rmax[i], m) << "row " << i;
+      for (Index j = c.tk; j < lds; ++j) {
+        ASSERT_EQ(Smax[i * lds + j], kSentinel) << "written past tk: " << i << "," << j;
+        ASSERT_EQ(G[i * lds + j], kSentinel) << "written past tk: " << i << "," << j;
+      }
+    }
+    for (Index i = c.n; i < out_rows; ++i)
+      for (Index j = 0; j < lds; ++j) ASSERT_EQ(Smax[i * lds + j], kSentinel) << "written past n: " << i << "," << j;
+    EXPECT_EQ(rmax[c.n], kSentinel) << "row max written past n";
+    EXPECT_LE(worst, 2e-6 * std::max<double>(1.0, double(c.D) / 8));
+    EXPECT_LE(worst_grad, 4e-6 * std::max<double>(1.0, double(c.D) / 8));
+    EXPECT_GT(worst, 0.0) << "an exact match on every score would mean the reference is the code";
+  }
+}
+
+TEST(Bf16Dot, EnvironmentSwitch) {
+  EXPECT_EQ(bf16dot::requested(nullptr), -1);
+  EXPECT_EQ(bf16dot::requested(""), -1);
+  EXPECT_EQ(bf16dot::requested("1"), 1);
+  EXPECT_EQ(bf16dot::requested("0"), 0);
+  const bool was = bf16dot::enabled();
+  bf16dot::set_enabled(false);
+  EXPECT_FALSE(bf16dot::enabled());
+  bf16dot::set_enabled(true);
+  EXPECT_EQ(bf16dot::enabled(), bf16dot::available());
+  bf16dot::set_enabled(was);
+  std::printf("AVX512_BF16 available: %s\n", bf16dot::available() ? "yes" : "no");
+}
+
+}  // namespace
