@@ -114,7 +114,111 @@ void scores(amx::Epilogue e, const std::uint16_t* A, Index n, const std::uint16_
 
 }  // namespace ringattn::core::bf16dot
 
-#else  // no AVX512_BF16 in this build: bf16dot::enabled() is false and nothing here is called
+#elif defined(__aarch64__) && defined(__ARM_FEATURE_BF16_VECTOR_ARITHMETIC)
+#include <arm_neon.h>
+#include <string.h>
+
+namespace ringattn::core::bf16dot {
+namespace {
+
+// BFDOT on 64-bit Arm with FEAT_BF16: a 128-bit vector holds 4 f32 lanes (4 keys), each taking a
+// pair of bf16 products from the B row and one pair of the A row, chosen by lane index: one load
+// of A serves four depth pairs.
+constexpr Index kLanes = 4;
+constexpr int kRows = 4, kVecs = 4;  // 16 accumulators, 4 A and 4 B vectors of 32 registers
+
+inline Index least(Index a, Index b) { return a < b ? a : b; }
+
+template <int MR, int NV>
+void block(amx::Epilogue e, const std::uint16_t* A, Index Dp, const std::uint16_t* B, Index ldk, Index cols,
+           float* S, Index lds, float alpha, const float* P, const float* delta, float* rmax) {
+  float32x4_t c[MR][NV];
+#pragma GCC unroll 8
+  for (int r = 0; r < MR; ++r)
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; ++v) c[r][v] = vdupq_n_f32(0.f);
+  const Index ldb = 2 * ldk;
+  // four depth pairs at a time (Dp is a multiple of 32)
+  for (Index kk = 0; kk < Dp / 2; kk += 4) {
+    bfloat16x8_t a[MR];
+#pragma GCC unroll 8
+    for (int r = 0; r < MR; ++r) a[r] = vld1q_bf16(reinterpret_cast<const bfloat16_t*>(A + r * Dp + 2 * kk));
+#define RINGATTN_BFDOT_PAIR(LANE)                                                                          \
+    {                                                                                                       \
+      bfloat16x8_t b[NV];                                                                                   \
+      _Pragma("GCC unroll 4") for (int v = 0; v < NV; ++v) b[v] =                                           \
+          vld1q_bf16(reinterpret_cast<const bfloat16_t*>(B + (kk + LANE) * ldb + 2 * kLanes * v));          \
+      _Pragma("GCC unroll 8") for (int r = 0; r < MR; ++r)                                                  \
+          _Pragma("GCC unroll 4") for (int v = 0; v < NV; ++v) c[r][v] =                                    \
+              vbfdotq_laneq_f32(c[r][v], b[v], a[r], LANE);                                                 \
+    }
+    RINGATTN_BFDOT_PAIR(0) RINGATTN_BFDOT_PAIR(1) RINGATTN_BFDOT_PAIR(2) RINGATTN_BFDOT_PAIR(3)
+#undef RINGATTN_BFDOT_PAIR
+  }
+  for (int r = 0; r < MR; ++r) {
+    float m = -__builtin_inff();
+    for (int v = 0; v < NV; ++v) {
+      const Index left = least(kLanes, cols - kLanes * v);
+      float x[4];
+      vst1q_f32(x, c[r][v]);
+      float* s = S + r * lds + kLanes * v;
+      for (Index t = 0; t < left; ++t) {
+        if (e == amx::Epilogue::grad) {
+          s[t] = alpha * P[r * lds + kLanes * v + t] * (x[t] - delta[r]);
+        } else {
+          s[t] = alpha * x[t];
+          if (s[t] > m) m = s[t];
+        }
+      }
+    }
+    if (e == amx::Epilogue::max && m > rmax[r]) rmax[r] = m;
+  }
+}
+
+template <int NV>
+void rows_block(int mr, amx::Epilogue e, const std::uint16_t* A, Index Dp, const std::uint16_t* B, Index ldk,
+                Index cols, float* S, Index lds, float alpha, const float* P, const float* delta, float* rmax) {
+  switch (mr) {
+    case 4: block<4, NV>(e, A, Dp, B, ldk, cols, S, lds, alpha, P, delta, rmax); break;
+    case 3: block<3, NV>(e, A, Dp, B, ldk, cols, S, lds, alpha, P, delta, rmax); break;
+    case 2: block<2, NV>(e, A, Dp, B, ldk, cols, S, lds, alpha, P, delta, rmax); break;
+    default: block<1, NV>(e, A, Dp, B, ldk, cols, S, lds, alpha, P, delta, rmax); break;
+  }
+}
+
+}  // namespace
+
+bool compiled() { return true; }
+
+void scores(amx::Epilogue e, const std::uint16_t* A, Index n, const std::uint16_t* B, Index ldk, Index tk, Index Dp,
+            float* S, Index lds, float alpha, const float* P, const float* delta, float* rmax) {
+  if (e == amx::Epilogue::max)
+    for (Index i = 0; i < n; ++i) rmax[i] = -__builtin_inff();
+  constexpr Index W = kVecs * kLanes;
+  for (Index j = 0; j < tk; j += W) {
+    const Index cols = least(W, tk - j);
+    const int nv = static_cast<int>((cols + kLanes - 1) / kLanes);
+    for (Index i = 0; i < n; i += kRows) {
+      const int mr = static_cast<int>(least(kRows, n - i));
+      const std::uint16_t* a = A + i * Dp;
+      const std::uint16_t* b = B + 2 * j;
+      float* s = S + i * lds + j;
+      const float* p = P ? P + i * lds + j : nullptr;
+      const float* dl = delta ? delta + i : nullptr;
+      float* rm = rmax ? rmax + i : nullptr;
+      switch (nv) {
+        case 4: rows_block<4>(mr, e, a, Dp, b, ldk, cols, s, lds, alpha, p, dl, rm); break;
+        case 3: rows_block<3>(mr, e, a, Dp, b, ldk, cols, s, lds, alpha, p, dl, rm); break;
+        case 2: rows_block<2>(mr, e, a, Dp, b, ldk, cols, s, lds, alpha, p, dl, rm); break;
+        default: rows_block<1>(mr, e, a, Dp, b, ldk, cols, s, lds, alpha, p, dl, rm); break;
+      }
+    }
+  }
+}
+
+}  // namespace ringattn::core::bf16dot
+
+#else  // no AVX512_BF16 (x86) or BF16 (Arm) in this build: bf16dot::enabled() is false and nothing here is called
 
 namespace ringattn::core::bf16dot {
 bool compiled() { return false; }

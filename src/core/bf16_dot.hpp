@@ -1,16 +1,18 @@
 #pragma once
-// bf16 score products on AVX512_BF16's dot-product instruction (private to src/core), for CPUs that
-// have it without AMX (AMD Zen 4 and Zen 5; Intel Cooper Lake). vdpbf16ps multiplies pairs of bf16
-// values and adds both products to an f32 lane: on Zen 4/5 that is twice the f32 FMA's rate for the
-// same lanes. The products of two bf16 values are exact in f32, so the scores are the f32 kernels'
-// up to the order of the sum (and denormal operands, which the instruction takes as zero).
+// bf16 score products on a bf16 dot-product instruction (private to src/core): vdpbf16ps on x86-64
+// CPUs with AVX512_BF16 and no AMX (AMD Zen 4 and Zen 5; Intel Cooper Lake), BFDOT on 64-bit Arm
+// with FEAT_BF16 (Neoverse V1, V2). Both multiply pairs of bf16 values and add the two products to
+// an f32 lane, at twice the lanes' f32 FMA rate on those cores. The products of two bf16 values are
+// exact in f32, so the scores are the f32 kernels' up to the order of the sum (and denormal
+// operands, which the instructions may take as zero).
 //
 // The operands are amx_tiles.hpp's packing: A the rows (Q or dO) [rows, Dp], B the keys (K or V) as
 // pairs of depth [Dp / 2, 2 ldk], so one workspace serves either product. scores() has amx::scores'
-// contract exactly (the same epilogues, the same reads past the last row and key).
+// contract (the same epilogues; it reads no row past n and no key past tk rounded up to 16).
 //
-// The intrinsics live in bf16_dot.cpp, the one file compiled with AVX512_BF16 flags, for the reason
-// amx_tiles.hpp gives; detection (CPUID, XCR0) is portable code in bf16_dot_support.cpp.
+// The intrinsics live in bf16_dot.cpp, the one file compiled with AVX512_BF16 (or Arm +bf16) flags,
+// for the reason amx_tiles.hpp gives; detection (CPUID and XCR0, or HWCAP2) is portable code in
+// bf16_dot_support.cpp.
 #include <cstdint>
 
 #include "core/amx_tiles.hpp"
@@ -28,7 +30,7 @@ bool enabled();
 bool available();
 // Turns the path on or off (on only takes effect when available()); for tests and benchmarks.
 void set_enabled(bool on);
-// Whether amx... wins: the value of RINGATTN_BF16DOT and AMX's availability decide (see enabled()).
+// What the value of RINGATTN_BF16DOT asks for (see enabled()).
 int requested(const char* env_value);  // -1: unset or empty (automatic), 0: off, 1: on
 bool compiled();
 

@@ -8,12 +8,15 @@
 
 #if defined(__x86_64__)
 #include <cpuid.h>
+#elif defined(__aarch64__) && defined(__linux__)
+#include <sys/auxv.h>
 #endif
 
 namespace ringattn::core::bf16dot {
 namespace {
 
-// The CPU has AVX-512F and AVX512_BF16 (CPUID 7.1 EAX bit 5) and the OS saves the AVX-512 state.
+// x86-64: the CPU has AVX-512F and AVX512_BF16 (CPUID 7.1 EAX bit 5) and the OS saves the AVX-512
+// state. 64-bit Arm: Linux reports FEAT_BF16 (HWCAP2_BF16).
 bool machine_allows() {
 #if defined(__x86_64__)
   if (!compiled()) return false;
@@ -25,6 +28,9 @@ bool machine_allows() {
   __asm__("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
   constexpr unsigned kAvx512State = 0xE6;  // SSE, AVX, opmask, the upper zmm halves, zmm16-31
   return (lo & kAvx512State) == kAvx512State;
+#elif defined(__aarch64__) && defined(__linux__)
+  constexpr unsigned long kHwcap2Bf16 = 1ul << 14;
+  return compiled() && (getauxval(AT_HWCAP2) & kHwcap2Bf16) != 0;
 #else
   return false;
 #endif

@@ -20,7 +20,7 @@ using Index = std::int64_t;
 namespace {
 
 #define REQUIRE_BF16DOT()                                                                     \
-  if (!bf16dot::available()) GTEST_SKIP() << "no AVX512_BF16 here (CPU, OS or build)"
+  if (!bf16dot::available()) GTEST_SKIP() << "no bf16 dot products here (AVX512_BF16 or Arm BF16: CPU, OS or build)"
 
 std::vector<std::uint16_t> random_bf16(Index n, std::mt19937& rng) {
   std::normal_distribution<float> nd;
@@ -105,7 +105,7 @@ TEST(Bf16Dot, EnvironmentSwitch) {
   bf16dot::set_enabled(true);
   EXPECT_EQ(bf16dot::enabled(), bf16dot::available());
   bf16dot::set_enabled(was);
-  std::printf("AVX512_BF16 available: %s\n", bf16dot::available() ? "yes" : "no");
+  std::printf("bf16 dot products (vdpbf16ps or BFDOT) available: %s\n", bf16dot::available() ? "yes" : "no");
 }
 
 }  // namespace
