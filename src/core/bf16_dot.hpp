@@ -37,5 +37,10 @@ bool compiled();
 // As amx::scores: C = A B^T over Dp for n rows and tk keys, then the epilogue per element of S.
 void scores(amx::Epilogue e, const std::uint16_t* A, Index n, const std::uint16_t* B, Index ldk, Index tk, Index Dp,
             float* S, Index lds, float alpha, const float* P, const float* delta, float* rmax);
+// As amx::accumulate: O = c O + A B over Kp for n rows of A and D columns (A [n, Kp] rounded rows,
+// B pairs of consecutive rows of V, K, dO or Q [*, 2 ldc]); reads no row past n and no column past
+// D rounded up to 16 (x86) or 4 (Arm).
+void accumulate(const std::uint16_t* A, Index n, Index Kp, const std::uint16_t* B, Index ldc, Index D, float* O,
+                Index ldo, const float* c);
 
 }  // namespace ringattn::core::bf16dot

@@ -94,6 +94,58 @@ TEST(Bf16Dot, ScoresMatchFloat64OnRandomBf16Tiles) {
   }
 }
 
+// O = c O + A B with B as pairs of consecutive rows of X (the layout of the accumulate products:
+// rounded P or dS against V, K, dO or Q): the float64 sum to f32 rounding, c null or per row, and
+// nothing written past D or past n.
+TEST(Bf16Dot, AccumulateMatchesFloat64) {
+  REQUIRE_BF16DOT();
+  std::mt19937 rng(5);
+  std::normal_distribution<float> nd;
+  struct Acc {
+    Index n, depth, D;
+    bool scaled;
+  };
+  for (const Acc t : {Acc{1, 1, 16, false}, Acc{6, 32, 64, true}, Acc{37, 45, 37, true}, Acc{128, 256, 64, true},
+                      Acc{13, 100, 128, false}, Acc{7, 3, 80, true}}) {
+    SCOPED_TRACE(testing::Message() << "n=" << t.n << " depth=" << t.depth << " D=" << t.D);
+    const Index Kp = amx::padded_depth(t.depth), ldc = (t.D + 15) / 16 * 16 + 16, pairs = Kp / 2;
+    const std::vector<std::uint16_t> Araw = random_bf16(t.n * t.depth, rng), X = random_bf16(t.depth * t.D, rng);
+    std::vector<std::uint16_t> A(t.n * Kp, 0), B(pairs * 2 * ldc, 0);
+    for (Index i = 0; i < t.n; ++i)
+      for (Index k = 0; k < t.depth; ++k) A[i * Kp + k] = Araw[i * t.depth + k];
+    for (Index kk = 0; kk < pairs; ++kk)
+      for (Index d = 0; d < t.D; ++d)
+        for (Index u = 0; u < 2; ++u)
+          if (2 * kk + u < t.depth) B[kk * 2 * ldc + 2 * d + u] = X[(2 * kk + u) * t.D + d];
+    const Index ldo = t.D + 3, rows = t.n + 1;
+    const float kSentinel = 12345.f;
+    std::vector<float> O(rows * ldo, kSentinel), c(t.n);
+    for (Index i = 0; i < t.n; ++i)
+      for (Index d = 0; d < t.D; ++d) O[i * ldo + d] = nd(rng);
+    for (auto& x : c) x = 0.5f + 0.25f * nd(rng);
+    const std::vector<float> O0 = O;
+    bf16dot::accumulate(A.data(), t.n, Kp, B.data(), ldc, t.D, O.data(), ldo, t.scaled ? c.data() : nullptr);
+    double worst = 0;
+    for (Index i = 0; i < t.n; ++i) {
+      for (Index d = 0; d < t.D; ++d) {
+        double sum = 0, mag = 0;
+        for (Index k = 0; k < t.depth; ++k) {
+          const double p = value(Araw[i * t.depth + k]) * value(X[k * t.D + d]);
+          sum += p;
+          mag += std::abs(p);
+        }
+        const double ci = t.scaled ? c[i] : 1.0;
+        const double want = ci * O0[i * ldo + d] + sum;
+        worst = std::max(worst, std::abs(O[i * ldo + d] - want) / (mag + std::abs(ci * O0[i * ldo + d]) + 1e-30));
+      }
+      for (Index d = t.D; d < ldo; ++d) ASSERT_EQ(O[i * ldo + d], kSentinel) << "written past D: " << i << "," << d;
+    }
+    for (Index d = 0; d < ldo; ++d) ASSERT_EQ(O[t.n * ldo + d], kSentinel) << "written past n";
+    EXPECT_LE(worst, 2e-6 * std::max<double>(1.0, double(t.depth) / 8));
+    EXPECT_GT(worst, 0.0) << "an exact match everywhere would mean the reference is the code";
+  }
+}
+
 TEST(Bf16Dot, EnvironmentSwitch) {
   EXPECT_EQ(bf16dot::requested(nullptr), -1);
   EXPECT_EQ(bf16dot::requested(""), -1);
