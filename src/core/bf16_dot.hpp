@@ -30,6 +30,8 @@ bool enabled();
 bool available();
 // Turns the path on or off (on only takes effect when available()); for tests and benchmarks.
 void set_enabled(bool on);
+// "VDPBF16PS" (x86-64) or "BFDOT" (64-bit Arm).
+const char* instruction();
 // What the value of RINGATTN_BF16DOT asks for (see enabled()).
 int requested(const char* env_value);  // -1: unset or empty (automatic), 0: off, 1: on
 bool compiled();

@@ -65,6 +65,14 @@ bool enabled() {
   return s == 1;
 }
 
+const char* instruction() {
+#if defined(__aarch64__)
+  return "BFDOT";
+#else
+  return "VDPBF16PS";
+#endif
+}
+
 void set_enabled(bool on) { state().store(on && available() ? 1 : 0, std::memory_order_relaxed); }
 
 }  // namespace ringattn::core::bf16dot

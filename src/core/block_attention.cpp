@@ -17,6 +17,7 @@
 #include "ringattn/core/errors.hpp"
 #include "ringattn/core/simd.hpp"
 #include "amx_tiles.hpp"
+#include "bf16_dot.hpp"
 #include "tile_walk.hpp"
 
 namespace ringattn::core {
@@ -54,11 +55,11 @@ Tiling resolve_tiling(const Tiling& t, Index head_dim, Index Lmax, Index G) {
 }
 
 namespace {
-// Float workspaces carry the packed bf16 operands of the AMX products when the machine has AMX
-// (bf16 storage computes in float; whether AMX is used is decided per call, amx::enabled()).
+// Float workspaces carry the packed bf16 operands of the AMX or dot-product products when the
+// machine has either (bf16 storage computes in float; which is used is decided per call).
 template <class A>
 bool amx_buffers() {
-  return std::is_same_v<A, float> && amx::available();
+  return std::is_same_v<A, float> && (amx::available() || bf16dot::available());
 }
 
 // A row stride of at least n elements of `elem` bytes that is an odd number of 64-byte lines.
@@ -171,7 +172,12 @@ void add_sink_grad(const Packing& pk, const A* lse, const A* delta, const double
   }
 }
 
-bool amx_bf16_active() { return amx::enabled(); }
+bool amx_bf16_active() { return amx::enabled() && !bf16dot::enabled(); }
+
+std::string bf16_products() {
+  if (bf16dot::enabled()) return bf16dot::instruction();
+  return amx::enabled() ? "AMX" : "";
+}
 
 bool block_visible(const Mask& mask, std::span<const Index> qpos, std::span<const Index> kpos) {
   if (qpos.empty() || kpos.empty()) return false;

@@ -60,6 +60,7 @@
 #include "core/nonfinite-inl.hpp"      // the exact paths for non-finite operands
 #include "core/tile_walk.hpp"
 #include "core/amx_tiles.hpp"  // bf16 products on AMX tiles
+#include "core/bf16_dot.hpp"   // bf16 products on vdpbf16ps or BFDOT
 #include "ringattn/core/block_attention.hpp"
 #include "ringattn/core/simd.hpp"
 
@@ -67,10 +68,11 @@ HWY_BEFORE_NAMESPACE();
 namespace ringattn::core::HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
-// ---- bf16 products on AMX tiles ----------------------------------------------------------------------
+// ---- bf16 products on AMX tiles or bf16 dot-product instructions -----------------------------------
 
-// Whether a kernel of storage S and accumulation A can compute its bf16 products on AMX tiles:
-// bf16 operands, whose products are exact in f32, summed in f32 by tdpbf16ps (amx_tiles.hpp).
+// Whether a kernel of storage S and accumulation A can compute its products of two bf16 operands on
+// AMX tiles (tdpbf16ps, amx_tiles.hpp) or a dot-product instruction (vdpbf16ps, BFDOT; bf16_dot.hpp):
+// the products are exact in f32 and summed in f32.
 template <class S, class A>
 constexpr bool kAmxTypes = std::is_same_v<S, bf16> && std::is_same_v<A, float>;
 
@@ -82,29 +84,37 @@ const std::uint16_t* bf16_bits(const S* x) {
 template <class A>
 using Same = std::type_identity_t<A>;  // a parameter that takes A from the others (nullptr allowed)
 
+// Which instructions compute the products of two bf16 operands in this call: none (the f32 FMA
+// kernels), AMX tiles, or a dot-product instruction. Both take the same packed operands.
+enum class Bf16Engine { none, amx, dot };
+
 // Rows [0, n) of a product of packed rows (from chunk row i0) and packed keys (from tile key k0)
-// on AMX tiles, with epilogue e (see amx::scores): alpha times the raw sum, the scale applied after
+// on the engine, with epilogue e (see amx::scores): alpha times the raw sum, the scale applied after
 // the sum where the FMA kernels take Q' = alpha Q.
 template <class A>
-void tile_scores(amx::Epilogue e, const Workspace<A>& ws, const std::uint16_t* rows, Index i0, const std::uint16_t* keys,
-                 Index k0, Index n, Index tk, A* S, Index lds, A alpha, const Same<A>* P, const Same<A>* delta,
-                 Same<A>* rmax) {
+void tile_scores(Bf16Engine engine, amx::Epilogue e, const Workspace<A>& ws, const std::uint16_t* rows, Index i0,
+                 const std::uint16_t* keys, Index k0, Index n, Index tk, A* S, Index lds, A alpha, const Same<A>* P,
+                 const Same<A>* delta, Same<A>* rmax) {
   if constexpr (std::is_same_v<A, float>) {
     const Index Dp = amx::padded_depth(ws.D);
-    amx::scores(e, rows + i0 * Dp, n, keys + 2 * k0, ws.ldk, tk, Dp, S, lds, alpha, P, delta, rmax);
+    auto* product = engine == Bf16Engine::dot ? &bf16dot::scores : &amx::scores;
+    product(e, rows + i0 * Dp, n, keys + 2 * k0, ws.ldk, tk, Dp, S, lds, alpha, P, delta, rmax);
   }
 }
 
-// Whether this call computes bf16 products on AMX tiles (the workspace then holds the packed
-// operands), and the tile configuration of the calling thread for as long as the call runs.
+// The engine of this call (the workspace then holds the packed operands). A dot-product
+// instruction wins where it is enabled (bf16dot::enabled(): automatically only without AMX); AMX
+// takes the tile configuration of the calling thread for as long as the call runs.
 template <class S, class A>
-bool amx_products(const Workspace<A>& ws, std::optional<amx::TileScope>& scope) {
+Bf16Engine bf16_engine(const Workspace<A>& ws, std::optional<amx::TileScope>& scope) {
   if constexpr (!kAmxTypes<S, A>) {
-    return false;
+    return Bf16Engine::none;
   } else {
-    if (!amx::enabled() || ws.kb.empty()) return false;
+    if (ws.kb.empty()) return Bf16Engine::none;
+    if (bf16dot::enabled()) return Bf16Engine::dot;
+    if (!amx::enabled()) return Bf16Engine::none;
     scope.emplace();
-    return true;
+    return Bf16Engine::amx;
   }
 }
 
@@ -115,11 +125,11 @@ bool rounds_to_bf16(const Workspace<A>& ws) {
   return kAmxTypes<S, A> && ws.precision == Precision::bf16;
 }
 
-// O = c O + X B on AMX tiles (Precision::bf16) for the f32 tile X [n, depth] (row stride ldx; kTrans:
+// O = c O + X B on the engine (Precision::bf16) for the f32 tile X [n, depth] (row stride ldx; kTrans:
 // X^T, [depth, n] read down its columns) rounded to bf16 into A (`packed`), and the packed pairs of
 // rows B from row `b0` of the depth on (the pair of b0's row when it is odd: A then leads with a zero).
 template <bool kTrans, class A>
-void tile_accumulate(const A* X, Index n, Index depth, Index ldx, std::uint16_t* packed, const std::uint16_t* B,
+void tile_accumulate(Bf16Engine engine, const A* X, Index n, Index depth, Index ldx, std::uint16_t* packed, const std::uint16_t* B,
                      Index b0, Index ldc, Index D, A* O, const Same<A>* c) {
   if constexpr (std::is_same_v<A, float>) {
     const Index lead = b0 & 1, Kp = amx::padded_depth(lead + depth);
@@ -127,7 +137,8 @@ void tile_accumulate(const A* X, Index n, Index depth, Index ldx, std::uint16_t*
       amx::pack_rounded_cols(X, depth, n, ldx, lead, packed);
     else
       amx::pack_rounded_rows(X, n, depth, ldx, lead, packed);
-    amx::accumulate(packed, n, Kp, B + (b0 - lead) * ldc, ldc, D, O, D, c);
+    auto* product = engine == Bf16Engine::dot ? &bf16dot::accumulate : &amx::accumulate;
+    product(packed, n, Kp, B + (b0 - lead) * ldc, ldc, D, O, D, c);
   }
 }
 
@@ -144,7 +155,8 @@ Work forward_impl(const QueryShard<S>& q, const KVBlock<S>& kv, const Mask& mask
   const A cap = static_cast<A>(double(softcap) * kLog2e);  // the cap in log2 units; 0: none
   const Index ldk = ws.ld, lds = ws.ld, ldv = ws.ldd;
   std::optional<amx::TileScope> scope;
-  const bool use_amx = amx_products<S>(ws, scope);
+  const Bf16Engine engine = bf16_engine<S>(ws, scope);
+  const bool on_engine = engine != Bf16Engine::none;
   const bool bf16p = rounds_to_bf16<S>(ws);
   for (Index b = 0; b < q.pk.B; ++b)
     for (Index g = 0; g < q.pk.HKV; ++g) {
@@ -156,7 +168,7 @@ Work forward_impl(const QueryShard<S>& q, const KVBlock<S>& kv, const Mask& mask
       A* ag = st.acc + q.pk.q_group(b, g);
       const bool nonfinite = any_nonfinite(qg, rows * D) || any_nonfinite(kg, Lk * D) || any_nonfinite(vg, Lk * D);
       // AMX scores for finite operands; the exact paths of non-finite ones read Q' (nan_rows)
-      const bool tiles = use_amx && !nonfinite;
+      const bool tiles = on_engine && !nonfinite;
       const bool pv_tiles = tiles && bf16p;  // P V on AMX too (Precision::bf16)
       Index q0 = 0, c0 = 0;
       walk::for_each_tile(
@@ -190,7 +202,7 @@ Work forward_impl(const QueryShard<S>& q, const KVBlock<S>& kv, const Mask& mask
               // after masking and capping)
               if (cls == TileClass::partial || cap > A(0)) {
                 if (tiles)
-                  tile_scores(amx::Epilogue::store, ws, ws.qb.data(), p.r0 - q0, ws.kb.data(), k0, n, tk, Sc, lds, alpha,
+                  tile_scores(engine, amx::Epilogue::store, ws, ws.qb.data(), p.r0 - q0, ws.kb.data(), k0, n, tk, Sc, lds, alpha,
                               nullptr, nullptr, nullptr);
                 else
                   scores<Epilogue::store, A>(ws.qs.data() + (p.r0 - q0) * D, n, D, D, ws.kt.data() + k0, ldk, tk, Sc,
@@ -202,7 +214,7 @@ Work forward_impl(const QueryShard<S>& q, const KVBlock<S>& kv, const Mask& mask
                   for (Index i = 0; i < n; ++i) rmax[i] = *std::max_element(Sc + i * lds, Sc + i * lds + tk);
                 }
               } else if (tiles) {
-                tile_scores(amx::Epilogue::max, ws, ws.qb.data(), p.r0 - q0, ws.kb.data(), k0, n, tk, Sc, lds, alpha,
+                tile_scores(engine, amx::Epilogue::max, ws, ws.qb.data(), p.r0 - q0, ws.kb.data(), k0, n, tk, Sc, lds, alpha,
                             nullptr, nullptr, rmax);
               } else {
                 scores<Epilogue::max, A>(ws.qs.data() + (p.r0 - q0) * D, n, D, D, ws.kt.data() + k0, ldk, tk, Sc, lds,
@@ -233,7 +245,7 @@ Work forward_impl(const QueryShard<S>& q, const KVBlock<S>& kv, const Mask& mask
               for (Index i = 0; i < n; ++i) l[i] = c[i] * l[i] + ws.rowsum[i];
               // sweep 3: O = c O + P V (Precision::bf16: P rounded to bf16 first, after l took its sum)
               if (pv_tiles)
-                tile_accumulate<false>(Sc, n, tk, lds, ws.pb.data(), ws.vpb.data(), k0, ws.ldc, D, ag + p.r0 * D, c);
+                tile_accumulate<false>(engine, Sc, n, tk, lds, ws.pb.data(), ws.vpb.data(), k0, ws.ldc, D, ag + p.r0 * D, c);
               else if (bf16p)
                 round_bf16_tile(Sc, Sc, n, tk, lds);
               if (exact)
@@ -261,7 +273,8 @@ Work backward_impl(const GradQueryShard<S>& gq, const KVBlock<S>& kv, const Mask
   const A cap = static_cast<A>(double(softcap) * kLog2e);  // the cap in log2 units; 0: none
   const Index ld = ws.ld, ldd = ws.ldd;
   std::optional<amx::TileScope> scope;
-  const bool use_amx = amx_products<S>(ws, scope);
+  const Bf16Engine engine = bf16_engine<S>(ws, scope);
+  const bool on_engine = engine != Bf16Engine::none;
   const bool bf16p = rounds_to_bf16<S>(ws);
   for (Index b = 0; b < q.pk.B; ++b)
     for (Index g = 0; g < q.pk.HKV; ++g) {
@@ -271,8 +284,8 @@ Work backward_impl(const GradQueryShard<S>& gq, const KVBlock<S>& kv, const Mask
                                  any_nonfinite(kv.v + ko, Lk * D);
       const bool nonfinite = qkv_nonfinite || any_nonfinite(gq.dout + qo, rows * D) ||
                              any_nonfinite(gq.l + ro, rows) || any_nonfinite(gq.delta + ro, rows);
-      const bool s_tiles = use_amx && !qkv_nonfinite;
-      const bool dp_tiles = use_amx && !nonfinite;  // the exact paths read V^T (visible_backward)
+      const bool s_tiles = on_engine && !qkv_nonfinite;
+      const bool dp_tiles = on_engine && !nonfinite;  // the exact paths read V^T (visible_backward)
       const bool acc_tiles = dp_tiles && bf16p;      // Precision::bf16: the three accumulates on AMX too
       Index q0 = 0, c0 = 0;
       const A *Qc = ws.qw.data(), *dOc = ws.dow.data(), *K = ws.kw.data();
@@ -319,7 +332,7 @@ Work backward_impl(const GradQueryShard<S>& gq, const KVBlock<S>& kv, const Mask
               // sweep 1: P = 2^(S - m) / l, with the forward's own m (S recomputed bit for bit, so
               // S - m <= 0 and P <= 1 however large the logits) and l kept apart
               if (s_tiles)
-                tile_scores(amx::Epilogue::store, ws, ws.qb.data(), i0, ws.kb.data(), k0, n, tk, P, ld, alpha, nullptr,
+                tile_scores(engine, amx::Epilogue::store, ws, ws.qb.data(), i0, ws.kb.data(), k0, n, tk, P, ld, alpha, nullptr,
                             nullptr, nullptr);
               else
                 scores<Epilogue::store, A>(ws.qs.data() + i0 * D, n, D, D, ws.kt.data() + k0, ld, tk, P, ld, nullptr,
@@ -344,7 +357,7 @@ Work backward_impl(const GradQueryShard<S>& gq, const KVBlock<S>& kv, const Mask
               // sweep 2: dV += P^T dO (Precision::bf16: P rounded to bf16 for this product only)
               A* dVp = dv + ko + p.c0 * D;
               if (acc_tiles) {
-                tile_accumulate<true>(P, tk, n, ld, ws.pbt.data(), ws.dopb.data(), i0, ws.ldc, D, dVp, nullptr);
+                tile_accumulate<true>(engine, P, tk, n, ld, ws.pbt.data(), ws.dopb.data(), i0, ws.ldc, D, dVp, nullptr);
               } else if (bf16p) {
                 round_bf16_tile(P, ws.pr.data(), n, tk, ld);
                 accumulate<true, A>(ws.pr.data(), tk, ld, n, dOc + i0 * ldd, ldd, D, nullptr, dVp, D);
@@ -355,16 +368,16 @@ Work backward_impl(const GradQueryShard<S>& gq, const KVBlock<S>& kv, const Mask
               if (cap > A(0)) mul_tile(P, dS, n, tk, ld);
               // sweep 3: dS = scale P o (dO V^T - delta), formed as it is stored
               if (dp_tiles)
-                tile_scores(amx::Epilogue::grad, ws, ws.dob.data(), i0, ws.vb.data(), k0, n, tk, dS, ld, scale, P,
+                tile_scores(engine, amx::Epilogue::grad, ws, ws.dob.data(), i0, ws.vb.data(), k0, n, tk, dS, ld, scale, P,
                             gq.delta + ro + p.r0, nullptr);
               else
                 scores<Epilogue::grad, A>(dOc + i0 * ldd, n, ldd, D, ws.vt.data() + k0, ld, tk, dS, ld, P,
                                           gq.delta + ro + p.r0, scale, nullptr, nullptr);
               // sweep 4: dQ += dS K, dK += dS^T Q (Precision::bf16: dS rounded to bf16 first)
               if (acc_tiles) {
-                tile_accumulate<false>(dS, n, tk, ld, ws.pb.data(), ws.kpb.data(), k0, ws.ldc, D, gq.dq + qo + p.r0 * D,
+                tile_accumulate<false>(engine, dS, n, tk, ld, ws.pb.data(), ws.kpb.data(), k0, ws.ldc, D, gq.dq + qo + p.r0 * D,
                                        nullptr);
-                tile_accumulate<true>(dS, tk, n, ld, ws.pbt.data(), ws.qpb.data(), i0, ws.ldc, D, dk + ko + p.c0 * D,
+                tile_accumulate<true>(engine, dS, tk, n, ld, ws.pbt.data(), ws.qpb.data(), i0, ws.ldc, D, dk + ko + p.c0 * D,
                                       nullptr);
               } else {
                 if (bf16p) round_bf16_tile(dS, dS, n, tk, ld);
@@ -584,7 +597,10 @@ PieceTimes piece_times(DType t, Index head_dim, int reps) {
   return HWY_DYNAMIC_DISPATCH(TimePiece)(t == DType::f64, head_dim, reps);
 }
 std::string current() { return HWY_DYNAMIC_DISPATCH(TargetName)(); }
-std::string kernels(DType t) { return current() + (t == DType::bf16 && amx_bf16_active() ? "+AMX" : ""); }
+std::string kernels(DType t) {
+  const std::string extra = t == DType::bf16 ? bf16_products() : "";
+  return extra.empty() ? current() : current() + "+" + extra;
+}
 Index column_block(std::size_t elem_size) { return HWY_DYNAMIC_DISPATCH(ColumnBlock)(elem_size == 8); }
 Tiling default_tiling() { return HWY_DYNAMIC_DISPATCH(DefaultTiling)(); }
 

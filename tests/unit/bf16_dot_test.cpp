@@ -12,6 +12,7 @@
 #include <random>
 #include <vector>
 
+#include "ringattn/core/block_attention.hpp"
 #include "ringattn/core/half.hpp"
 
 using namespace ringattn::core;
@@ -144,6 +145,97 @@ TEST(Bf16Dot, AccumulateMatchesFloat64) {
     EXPECT_LE(worst, 2e-6 * std::max<double>(1.0, double(t.depth) / 8));
     EXPECT_GT(worst, 0.0) << "an exact match everywhere would mean the reference is the code";
   }
+}
+
+// One head group's forward and backward of bf16 operands with the dot products and without them
+// (the f32 FMA kernels; AMX off for both): the same results up to the order of the sums. (With
+// Precision::bf16 an ulp of a score can flip the rounding of its P: that precision is compared on
+// inputs whose scores are exact, with the AMX engine's test.)
+struct Results {
+  std::vector<float> o, lse, dq, dk, dv;
+};
+
+Results run_block(bool dot, Precision precision, Index Lq, Index Lk, Index G, Index D, const Mask& mask, float softcap,
+                  const Tiling& t, std::mt19937::result_type seed) {
+  amx::set_enabled(false);
+  bf16dot::set_enabled(dot);
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> nd;
+  const Index rows = Lq * G;
+  auto fill = [&](Index n) {
+    std::vector<bf16> x(n);
+    for (auto& v : x) v = to_bf16(nd(rng));
+    return x;
+  };
+  const std::vector<bf16> q = fill(rows * D), k = fill(Lk * D), v = fill(Lk * D), dout = fill(rows * D);
+  std::vector<Index> qpos(Lq), kpos(Lk);
+  for (Index i = 0; i < Lq; ++i) qpos[i] = Lk - Lq + i;  // the queries are the last positions
+  for (Index j = 0; j < Lk; ++j) kpos[j] = j;
+  const Packing pq{1, 1, G, Lq, D}, pk{1, 1, 1, Lk, D};
+  Workspace<float> ws(resolve_tiling(t, D, std::max(Lq, Lk), G), D);
+  ws.precision = precision;
+  const float scale = 1.0f / std::sqrt(float(D));
+  Results r;
+  std::vector<float> m(rows), l(rows);
+  r.o.assign(rows * D, 0.f);
+  r.lse.assign(rows, 0.f);
+  OnlineState<float> st{m.data(), l.data(), r.o.data()};
+  init_online_state(pq, st);
+  const QueryShard<bf16> qs{pq, qpos, q.data()};
+  const KVBlock<bf16> kvb{pk, kpos, k.data(), v.data()};
+  block_forward(qs, kvb, mask, scale, st, ws, {}, softcap);
+  finalize_forward(pq, st, r.lse.data());
+  std::vector<float> delta(rows);
+  compute_delta(pq, dout.data(), r.o.data(), delta.data());
+  r.dq.assign(rows * D, 0.f);
+  r.dk.assign(Lk * D, 0.f);
+  r.dv.assign(Lk * D, 0.f);
+  const GradQueryShard<bf16> g{qs, dout.data(), m.data(), l.data(), delta.data(), r.dq.data()};
+  block_backward(g, kvb, mask, scale, r.dk.data(), r.dv.data(), ws, {}, softcap);
+  return r;
+}
+
+double max_rel(const std::vector<float>& a, const std::vector<float>& b) {
+  double err = 0, mag = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    err = std::max(err, std::abs(double(a[i]) - double(b[i])));
+    mag = std::max(mag, std::abs(double(b[i])));
+  }
+  return err / std::max(mag, 1e-30);
+}
+
+TEST(Bf16Dot, Bf16KernelsAgreeWithAndWithoutDotProducts) {
+  REQUIRE_BF16DOT();
+  const bool amx_was = amx::enabled(), dot_was = bf16dot::enabled();
+  struct Case {
+    const char* name;
+    Index Lq, Lk, G, D;
+    Mask mask;
+    float softcap;
+    Tiling t;
+  };
+  const Index S = 300;
+  const std::vector<Case> cases = {
+      {"full_d64", 200, S, 1, 64, Mask::none(), 0.f, {}},
+      {"causal_d37_gqa", 150, S, 2, 37, Mask::make(S, true, 0, {}), 0.f, {}},
+      {"causal_softcap_d5_small_tiles", 90, S, 1, 5, Mask::make(S, true, 0, {}), 2.f, {19, 41, 7}},
+      {"window_documents_d128", 120, S, 3, 128, Mask::make(S, true, 40, {100, 150, 50}), 0.f, {33, 70, 5}},
+  };
+  for (const Precision precision : {Precision::f32}) {
+    for (const Case& c : cases) {
+      SCOPED_TRACE(testing::Message() << c.name << (precision == Precision::bf16 ? " precision bf16" : " precision f32"));
+      const Results a = run_block(true, precision, c.Lq, c.Lk, c.G, c.D, c.mask, c.softcap, c.t, 3);
+      const Results f = run_block(false, precision, c.Lq, c.Lk, c.G, c.D, c.mask, c.softcap, c.t, 3);
+      EXPECT_LE(max_rel(a.o, f.o), 1e-5);
+      EXPECT_LE(max_rel(a.lse, f.lse), 1e-5);
+      EXPECT_LE(max_rel(a.dq, f.dq), 2e-5);
+      EXPECT_LE(max_rel(a.dk, f.dk), 2e-5);
+      EXPECT_LE(max_rel(a.dv, f.dv), 2e-5);
+      EXPECT_NE(a.o, f.o) << "the two paths gave the same bits: one of them did not run";
+    }
+  }
+  bf16dot::set_enabled(dot_was);
+  amx::set_enabled(amx_was);
 }
 
 TEST(Bf16Dot, EnvironmentSwitch) {

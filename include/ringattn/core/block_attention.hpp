@@ -21,6 +21,7 @@
 // finite (an infinite key, and no other key seen) is taken for a row that sees no key.
 #include <cstdint>
 #include <span>
+#include <string>
 #include <type_traits>
 #include <vector>
 
@@ -104,6 +105,10 @@ struct Workspace {
 // Whether the kernels compute the bf16 products S = Q K^T and dP = dO V^T on AMX tiles now (Intel
 // AMX-BF16, granted by the OS; off when the environment variable RINGATTN_AMX is 0).
 bool amx_bf16_active();
+// What computes the products of two bf16 operands now: "AMX", "VDPBF16PS" (x86 AVX512_BF16 without
+// AMX, or RINGATTN_BF16DOT=1), "BFDOT" (Arm FEAT_BF16), or "" (the f32 FMA kernels; RINGATTN_AMX=0
+// and RINGATTN_BF16DOT=0 turn the first two and the last two off).
+std::string bf16_products();
 
 // One rank's queries in packed form (storage type).
 template <class S>

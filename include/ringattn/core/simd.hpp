@@ -13,8 +13,8 @@ namespace ringattn::core::simd {
 
 // The target the kernels run on now ("AVX2").
 std::string current();
-// What computes attention of storage type t: current(), with "+AMX" when bf16 score products run
-// on AMX tiles (amx_bf16_active()).
+// What computes attention of storage type t: current(), with "+AMX", "+VDPBF16PS" or "+BFDOT" when
+// bf16 products run on those (bf16_products()).
 std::string kernels(DType t);
 // Targets this build has and this CPU runs, best first.
 std::vector<std::string> available();
