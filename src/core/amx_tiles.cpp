@@ -97,9 +97,10 @@ inline __mmask16 first(Index n) { return n >= 16 ? __mmask16(0xFFFF) : static_ca
 
 bool compiled() { return true; }
 
-// The rounding packers are here rather than in amx_support.cpp: they are called only with AMX, and
-// AVX-512 rounds 16 values per step (and gathers P's columns) where portable code went one by one
-// and took as long as the products. Each row: 16 values at a time from `lead` on (the last step's
+// The rounding packers are here rather than in amx_support.cpp: they are called only with AMX or
+// with the dot products (bf16_dot.hpp; on x86 those need AVX-512 too), and AVX-512 rounds 16 values
+// per step (and gathers P's columns) where portable code went one by one and took as long as the
+// products. Builds without the tile flags (64-bit Arm) get the portable ones below. Each row: 16 values at a time from `lead` on (the last step's
 // zeros may run one element into the next row's lead, which that row rewrites), zeros to Kp.
 void pack_rounded_rows(const float* P, Index n, Index depth, Index ldp, Index lead, std::uint16_t* A) {
   const Index Kp = padded_depth(lead + depth);
@@ -201,16 +202,48 @@ void accumulate(const std::uint16_t* A, Index n, Index Kp, const std::uint16_t* 
 }  // namespace ringattn::core::amx
 
 #else  // no tile instructions in this build: amx::enabled() is false and nothing here is called
+#include <string.h>
 
 namespace ringattn::core::amx {
+namespace {
+// f32 to the bits of the nearest bf16 (ties to even), NaN kept (quiet), overflow to inf.
+std::uint16_t round_bf16(float x) {
+  std::uint32_t u;
+  memcpy(&u, &x, sizeof u);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<std::uint16_t>((u >> 16) | 0x40u);
+  return static_cast<std::uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+}  // namespace
+
+// The rounding packers for the dot products of builds without the tile flags (BFDOT on Arm).
+void pack_rounded_rows(const float* P, Index n, Index depth, Index ldp, Index lead, std::uint16_t* A) {
+  const Index Kp = padded_depth(lead + depth);
+  for (Index i = 0; i < n; ++i) {
+    std::uint16_t* a = A + i * Kp;
+    for (Index j = 0; j < lead; ++j) a[j] = 0;
+    for (Index j = 0; j < depth; ++j) a[lead + j] = round_bf16(P[i * ldp + j]);
+    for (Index j = lead + depth; j < Kp; ++j) a[j] = 0;
+  }
+  memset(A + n * Kp, 0, sizeof(std::uint16_t) * kTileRows * Kp);
+}
+
+void pack_rounded_cols(const float* P, Index depth, Index m, Index ldp, Index lead, std::uint16_t* A) {
+  const Index Kp = padded_depth(lead + depth);
+  for (Index j = 0; j < m; ++j) {
+    std::uint16_t* a = A + j * Kp;
+    for (Index i = 0; i < lead; ++i) a[i] = 0;
+    for (Index i = 0; i < depth; ++i) a[lead + i] = round_bf16(P[i * ldp + j]);
+    for (Index i = lead + depth; i < Kp; ++i) a[i] = 0;
+  }
+  memset(A + m * Kp, 0, sizeof(std::uint16_t) * kTileRows * Kp);
+}
+
 bool compiled() { return false; }
 TileScope::TileScope() {}
 TileScope::~TileScope() {}
 void scores(Epilogue, const std::uint16_t*, Index, const std::uint16_t*, Index, Index, Index, float*, Index, float,
             const float*, const float*, float*) {}
 void accumulate(const std::uint16_t*, Index, Index, const std::uint16_t*, Index, Index, float*, Index, const float*) {}
-void pack_rounded_rows(const float*, Index, Index, Index, Index, std::uint16_t*) {}
-void pack_rounded_cols(const float*, Index, Index, Index, Index, std::uint16_t*) {}
 }  // namespace ringattn::core::amx
 
 #endif

@@ -10,7 +10,8 @@
 // includes nothing but <immintrin.h> and C headers, so that no inline function of a shared header
 // is emitted there with AVX-512 code the linker could pick for the rest of the library.
 // Detection and the packing of bf16 operands (amx_support.cpp) are portable code; the packers that
-// round f32 tiles to bf16 (pack_rounded_*) are AVX-512 code in amx_tiles.cpp (called only with AMX).
+// round f32 tiles to bf16 (pack_rounded_*) are AVX-512 code in amx_tiles.cpp (called with AMX or the
+// dot products of bf16_dot.hpp; portable code in builds without the tile flags).
 //
 // Operands as the tile products read them (bf16 bits as uint16):
 //   A (the rows: Q or dO)  [rows, Dp]          row i is the row's D values, zero to Dp

@@ -72,7 +72,8 @@ Index odd_lines(Index n, std::size_t elem) {
 }  // namespace
 
 template <class A>
-Workspace<A>::Workspace(const Tiling& t, Index head_dim) : tiling(t), D(head_dim) {
+Workspace<A>::Workspace(const Tiling& t, Index head_dim, Precision pr_) : tiling(t), D(head_dim), precision(pr_) {
+  const bool rounding = std::is_same_v<A, float> && precision == Precision::bf16;
   const Index cb = simd::column_block(sizeof(A));
   ld = odd_lines((t.k_cols + cb - 1) / cb * cb, sizeof(A));
   ldd = odd_lines(D, sizeof(A));
@@ -95,17 +96,20 @@ Workspace<A>::Workspace(const Tiling& t, Index head_dim) : tiling(t), D(head_dim
     dob.assign((R + amx::kTileRows) * Dp, 0);
     kb.assign(Dp * ldk, 0);
     vb.assign(Dp * ldk, 0);
+  }
+  if (amx_buffers<A>() && rounding) {
     ldc = amx::packed_keys(D);
     pb.assign((t.q_rows + amx::kTileRows) * amx::padded_depth(t.k_cols + 1), 0);
     pbt.assign((t.k_cols + amx::kTileRows) * amx::padded_depth(t.q_rows + 1), 0);
     for (auto* b : {&vpb, &kpb}) b->assign(amx::row_pairs(t.k_cols) * 2 * ldc, 0);
     for (auto* b : {&qpb, &dopb}) b->assign(amx::row_pairs(R) * 2 * ldc, 0);
   }
-  if (std::is_same_v<A, float>) pr.assign(t.q_rows * ld + kPad, A(0));
+  if (rounding) pr.assign(t.q_rows * ld + kPad, A(0));
 }
 
 template <class A>
-Index Workspace<A>::bytes(const Tiling& t, Index head_dim) {
+Index Workspace<A>::bytes(const Tiling& t, Index head_dim, Precision precision) {
+  const bool rounding = std::is_same_v<A, float> && precision == Precision::bf16;
   const Index D = head_dim, R = chunk_rows(t, D, sizeof(A)), cb = simd::column_block(sizeof(A));
   const Index ld = odd_lines((t.k_cols + cb - 1) / cb * cb, sizeof(A)), ldd = odd_lines(D, sizeof(A));
   Index n = 2 * (t.q_rows * ld + kPad) + 2 * (D * ld + kPad) + (R * D + kPad);
@@ -116,12 +120,12 @@ Index Workspace<A>::bytes(const Tiling& t, Index head_dim) {
     const Index Dp = amx::padded_depth(D);
     const Index ldc = amx::packed_keys(D);
     Index b = 2 * (R + amx::kTileRows) * Dp + 2 * Dp * amx::packed_keys(t.k_cols);
-    b += (t.q_rows + amx::kTileRows) * amx::padded_depth(t.k_cols + 1);
-    b += (t.k_cols + amx::kTileRows) * amx::padded_depth(t.q_rows + 1);
-    b += 2 * amx::row_pairs(t.k_cols) * 2 * ldc + 2 * amx::row_pairs(R) * 2 * ldc;
+    if (rounding) b += (t.q_rows + amx::kTileRows) * amx::padded_depth(t.k_cols + 1);
+    if (rounding) b += (t.k_cols + amx::kTileRows) * amx::padded_depth(t.q_rows + 1);
+    if (rounding) b += 2 * amx::row_pairs(t.k_cols) * 2 * ldc + 2 * amx::row_pairs(R) * 2 * ldc;
     amx_bytes = Index(sizeof(std::uint16_t)) * b;
   }
-  if (std::is_same_v<A, float>) n += t.q_rows * ld + kPad;
+  if (rounding) n += t.q_rows * ld + kPad;
   return n * Index(sizeof(A)) + amx_bytes;
 }
 

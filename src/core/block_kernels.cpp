@@ -129,8 +129,8 @@ bool rounds_to_bf16(const Workspace<A>& ws) {
 // X^T, [depth, n] read down its columns) rounded to bf16 into A (`packed`), and the packed pairs of
 // rows B from row `b0` of the depth on (the pair of b0's row when it is odd: A then leads with a zero).
 template <bool kTrans, class A>
-void tile_accumulate(Bf16Engine engine, const A* X, Index n, Index depth, Index ldx, std::uint16_t* packed, const std::uint16_t* B,
-                     Index b0, Index ldc, Index D, A* O, const Same<A>* c) {
+void tile_accumulate(Bf16Engine engine, const A* X, Index n, Index depth, Index ldx, std::uint16_t* packed,
+                     const std::uint16_t* B, Index b0, Index ldc, Index D, A* O, const Same<A>* c) {
   if constexpr (std::is_same_v<A, float>) {
     const Index lead = b0 & 1, Kp = amx::padded_depth(lead + depth);
     if (kTrans)
@@ -245,7 +245,8 @@ Work forward_impl(const QueryShard<S>& q, const KVBlock<S>& kv, const Mask& mask
               for (Index i = 0; i < n; ++i) l[i] = c[i] * l[i] + ws.rowsum[i];
               // sweep 3: O = c O + P V (Precision::bf16: P rounded to bf16 first, after l took its sum)
               if (pv_tiles)
-                tile_accumulate<false>(engine, Sc, n, tk, lds, ws.pb.data(), ws.vpb.data(), k0, ws.ldc, D, ag + p.r0 * D, c);
+                tile_accumulate<false>(engine, Sc, n, tk, lds, ws.pb.data(), ws.vpb.data(), k0, ws.ldc, D, ag + p.r0 * D,
+                                       c);
               else if (bf16p)
                 round_bf16_tile(Sc, Sc, n, tk, lds);
               if (exact)
@@ -357,7 +358,8 @@ Work backward_impl(const GradQueryShard<S>& gq, const KVBlock<S>& kv, const Mask
               // sweep 2: dV += P^T dO (Precision::bf16: P rounded to bf16 for this product only)
               A* dVp = dv + ko + p.c0 * D;
               if (acc_tiles) {
-                tile_accumulate<true>(engine, P, tk, n, ld, ws.pbt.data(), ws.dopb.data(), i0, ws.ldc, D, dVp, nullptr);
+                tile_accumulate<true>(engine, P, tk, n, ld, ws.pbt.data(), ws.dopb.data(), i0, ws.ldc, D, dVp,
+                                      nullptr);
               } else if (bf16p) {
                 round_bf16_tile(P, ws.pr.data(), n, tk, ld);
                 accumulate<true, A>(ws.pr.data(), tk, ld, n, dOc + i0 * ldd, ldd, D, nullptr, dVp, D);
@@ -375,10 +377,10 @@ Work backward_impl(const GradQueryShard<S>& gq, const KVBlock<S>& kv, const Mask
                                           gq.delta + ro + p.r0, scale, nullptr, nullptr);
               // sweep 4: dQ += dS K, dK += dS^T Q (Precision::bf16: dS rounded to bf16 first)
               if (acc_tiles) {
-                tile_accumulate<false>(engine, dS, n, tk, ld, ws.pb.data(), ws.kpb.data(), k0, ws.ldc, D, gq.dq + qo + p.r0 * D,
-                                       nullptr);
-                tile_accumulate<true>(engine, dS, tk, n, ld, ws.pbt.data(), ws.qpb.data(), i0, ws.ldc, D, dk + ko + p.c0 * D,
-                                      nullptr);
+                tile_accumulate<false>(engine, dS, n, tk, ld, ws.pb.data(), ws.kpb.data(), k0, ws.ldc, D,
+                                       gq.dq + qo + p.r0 * D, nullptr);
+                tile_accumulate<true>(engine, dS, tk, n, ld, ws.pbt.data(), ws.qpb.data(), i0, ws.ldc, D,
+                                      dk + ko + p.c0 * D, nullptr);
               } else {
                 if (bf16p) round_bf16_tile(dS, dS, n, tk, ld);
                 accumulate<false, A>(dS, n, ld, tk, K + k0 * ldd, ldd, D, nullptr, gq.dq + qo + p.r0 * D, D);

@@ -85,8 +85,7 @@ Rates measure(Index S, Index H, Index D, bool causal, int reps, const Tiling& ti
   AlignedVector<T> m(pq.row_elems()), l(pq.row_elems()), lse(pq.row_elems()), acc(pq.q_elems()),
       delta(pq.row_elems()), dq(pq.q_elems()), dk(pk.kv_elems()), dv(pk.kv_elems());
   const Mask mask = causal ? Mask::make(S, true, 0, {}) : Mask::none();
-  Workspace<T> ws(resolve_tiling(tiling, D, S, 1), D);
-  ws.precision = std::is_same_v<S_, bf16> ? g_precision : Precision::f32;
+  Workspace<T> ws(resolve_tiling(tiling, D, S, 1), D, std::is_same_v<S_, bf16> ? g_precision : Precision::f32);
   const QueryShard<S_> qs{pq, pos, q.data()};
   const KVBlock<S_> kv{pk, pos, k.data(), v.data()};
   const T scale = T(1.0 / std::sqrt(double(D)));

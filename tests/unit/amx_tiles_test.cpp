@@ -2,6 +2,7 @@
 // the bf16 kernels with AMX against the same kernels without it. Skipped where the CPU, the OS or
 // the build has no AMX-BF16; on such a machine they must run.
 #include "core/amx_tiles.hpp"
+#include "core/bf16_dot.hpp"
 
 #include <gtest/gtest.h>
 
@@ -21,6 +22,14 @@ namespace {
 
 #define REQUIRE_AMX()                                                                     \
   if (!amx::available()) GTEST_SKIP() << "no AMX-BF16 here (CPU, OS grant or build)"
+
+// The engine of the bf16 products for the kernel calls that follow: AMX tiles, the dot products
+// (bf16_dot.hpp, which take the same packed operands), or neither (the f32 FMA kernels).
+enum class Engine { none, amx, dot };
+void use(Engine e) {
+  amx::set_enabled(e == Engine::amx);
+  bf16dot::set_enabled(e == Engine::dot);
+}
 
 // n x D random bf16 values, about N(0, 1), as bits.
 std::vector<std::uint16_t> random_bf16(Index n, std::mt19937& rng) {
@@ -120,7 +129,7 @@ struct Results {
 
 Results run_block(bool use_amx, Index Lq, Index Lk, Index G, Index D, const Mask& mask, float softcap, const Tiling& t,
               std::mt19937::result_type seed) {
-  amx::set_enabled(use_amx);
+  use(use_amx ? Engine::amx : Engine::none);
   std::mt19937 rng(seed);
   std::normal_distribution<float> nd;
   const Index rows = Lq * G;
@@ -260,7 +269,8 @@ TEST(AmxTiles, AccumulateMatchesFloat64OnRandomTiles) {
   }
 }
 
-// Precision::bf16 with AMX (all four accumulate products and the score products on tiles) against
+// Precision::bf16 with AMX or the dot products (all four accumulate products and the score products
+// on them; each engine where the machine has it) against
 // the same kernels without it, on inputs whose every product before the rounding is exact in f32 in
 // any order: multiples of 1/8 below 3 in magnitude (a dot product of up to 128 is a multiple of 2^-6
 // below 2^11, 17 bits), and a scale whose log2 e multiple (the kernels fold log2 e into it) is a
@@ -308,9 +318,12 @@ Exact exact_operands(Index Lq, Index Lk, Index G, Index D, bool rich_v_dout, std
   return e;
 }
 
-TEST(AmxTiles, Bf16PrecisionKernelsAgreeWithAndWithoutAmx) {
-  REQUIRE_AMX();
-  const bool was = amx::enabled();
+TEST(AmxTiles, Bf16PrecisionKernelsAgreeWithAndWithoutAmxOrDotProducts) {
+  std::vector<Engine> engines;
+  if (amx::available()) engines.push_back(Engine::amx);
+  if (bf16dot::available()) engines.push_back(Engine::dot);
+  if (engines.empty()) GTEST_SKIP() << "neither AMX-BF16 nor bf16 dot products here";
+  const bool amx_was = amx::enabled(), dot_was = bf16dot::enabled();
   struct Case {
     const char* name;
     Index Lq, Lk, G, D;
@@ -326,65 +339,74 @@ TEST(AmxTiles, Bf16PrecisionKernelsAgreeWithAndWithoutAmx) {
       {"window_documents_d128_odd_strips", 120, S, 3, 128, Mask::make(S, true, 40, {100, 150, 50}), 0.f, {33, 70, 5}},
       {"causal_d80_default_strips", 256, S, 1, 80, Mask::make(S, true, 0, {}), 0.f, {}},
   };
-  for (const Case& c : cases)
-    for (const bool rich : {false, true}) {
-      SCOPED_TRACE(std::string(c.name) + (rich ? ", rich V and dO: O and dV" : ", exact V and dO: dQ and dK"));
-      const Exact e = exact_operands(c.Lq, c.Lk, c.G, c.D, rich, 5);
-      ASSERT_GT(e.scale, 0.f) << "no scale with a power-of-two alpha";
-      const Index rows = c.Lq * c.G, D = c.D;
-      const Packing pq{1, 1, c.G, c.Lq, D}, pk{1, 1, 1, c.Lk, D};
-      Workspace<float> ws(resolve_tiling(c.t, D, std::max(c.Lq, c.Lk), c.G), D);
-      ws.precision = Precision::bf16;
-      const QueryShard<bf16> qs{pq, e.qpos, e.q.data()};
-      const KVBlock<bf16> kvb{pk, e.kpos, e.k.data(), e.v.data()};
-      struct Fwd {
-        std::vector<float> m, l, o, lse;
-      };
-      auto forward = [&](bool use_amx) {
-        amx::set_enabled(use_amx);
-        Fwd f{std::vector<float>(rows), std::vector<float>(rows), std::vector<float>(rows * D),
-              std::vector<float>(rows)};
-        OnlineState<float> st{f.m.data(), f.l.data(), f.o.data()};
-        init_online_state(pq, st);
-        block_forward(qs, kvb, c.mask, e.scale, st, ws, {}, c.softcap);
-        finalize_forward(pq, st, f.lse.data());
-        return f;
-      };
-      const Fwd fa = forward(true), ff = forward(false);
-      EXPECT_EQ(fa.m, ff.m) << "the scores differ: the inputs are not exact";
-      EXPECT_EQ(fa.l, ff.l);
-      if (rich) {
-        EXPECT_LE(max_rel(fa.o, ff.o), 1e-5);
-        EXPECT_NE(fa.o, ff.o) << "the two paths gave the same bits: one of them did not run";
+  for (const Engine engine : engines) {
+    // whether the engine's bits differed from the FMA kernels' in some case (small sums of such exact
+    // operands can come out exact in any order, so one case alone may agree bit for bit)
+    bool moved_o = false, moved_dv = false, moved_dq = false, moved_dk = false;
+    for (const Case& c : cases)
+      for (const bool rich : {false, true}) {
+        const char* name = engine == Engine::amx ? "AMX" : "dot products";
+        SCOPED_TRACE(std::string(name) + ", " + c.name +
+                     (rich ? ", rich V and dO: O and dV" : ", exact V and dO: dQ and dK"));
+        const Exact e = exact_operands(c.Lq, c.Lk, c.G, c.D, rich, 5);
+        ASSERT_GT(e.scale, 0.f) << "no scale with a power-of-two alpha";
+        const Index rows = c.Lq * c.G, D = c.D;
+        const Packing pq{1, 1, c.G, c.Lq, D}, pk{1, 1, 1, c.Lk, D};
+        Workspace<float> ws(resolve_tiling(c.t, D, std::max(c.Lq, c.Lk), c.G), D, Precision::bf16);
+        const QueryShard<bf16> qs{pq, e.qpos, e.q.data()};
+        const KVBlock<bf16> kvb{pk, e.kpos, e.k.data(), e.v.data()};
+        struct Fwd {
+          std::vector<float> m, l, o, lse;
+        };
+        auto forward = [&](bool use_amx) {
+          use(use_amx ? engine : Engine::none);
+          Fwd f{std::vector<float>(rows), std::vector<float>(rows), std::vector<float>(rows * D),
+                std::vector<float>(rows)};
+          OnlineState<float> st{f.m.data(), f.l.data(), f.o.data()};
+          init_online_state(pq, st);
+          block_forward(qs, kvb, c.mask, e.scale, st, ws, {}, c.softcap);
+          finalize_forward(pq, st, f.lse.data());
+          return f;
+        };
+        const Fwd fa = forward(true), ff = forward(false);
+        EXPECT_EQ(fa.m, ff.m) << "the scores differ: the inputs are not exact";
+        EXPECT_EQ(fa.l, ff.l);
+        if (rich) {
+          EXPECT_LE(max_rel(fa.o, ff.o), 1e-5);
+          moved_o |= fa.o != ff.o;
+        }
+        std::vector<float> delta(rows);
+        compute_delta(pq, e.dout.data(), ff.o.data(), delta.data());
+        auto backward = [&](bool use_amx) {
+          use(use_amx ? engine : Engine::none);
+          Results r;
+          r.dq.assign(rows * D, 0.f);
+          r.dk.assign(c.Lk * D, 0.f);
+          r.dv.assign(c.Lk * D, 0.f);
+          const GradQueryShard<bf16> g{qs, e.dout.data(), ff.m.data(), ff.l.data(), delta.data(), r.dq.data()};
+          block_backward(g, kvb, c.mask, e.scale, r.dk.data(), r.dv.data(), ws, {}, c.softcap);
+          return r;
+        };
+        const Results ba = backward(true), bf = backward(false);
+        if (rich) {
+          EXPECT_LE(max_rel(ba.dv, bf.dv), 1e-5);
+          moved_dv |= ba.dv != bf.dv;
+          std::printf("%s: %s against FMA, o %.2g dv %.2g of max |FMA|\n", c.name, name, max_rel(fa.o, ff.o),
+                      max_rel(ba.dv, bf.dv));
+        } else {
+          EXPECT_LE(max_rel(ba.dq, bf.dq), 1e-5);
+          EXPECT_LE(max_rel(ba.dk, bf.dk), 1e-5);
+          moved_dq |= ba.dq != bf.dq;
+          moved_dk |= ba.dk != bf.dk;
+          std::printf("%s: %s against FMA, dq %.2g dk %.2g of max |FMA|\n", c.name, name, max_rel(ba.dq, bf.dq),
+                      max_rel(ba.dk, bf.dk));
+        }
       }
-      std::vector<float> delta(rows);
-      compute_delta(pq, e.dout.data(), ff.o.data(), delta.data());
-      auto backward = [&](bool use_amx) {
-        amx::set_enabled(use_amx);
-        Results r;
-        r.dq.assign(rows * D, 0.f);
-        r.dk.assign(c.Lk * D, 0.f);
-        r.dv.assign(c.Lk * D, 0.f);
-        const GradQueryShard<bf16> g{qs, e.dout.data(), ff.m.data(), ff.l.data(), delta.data(), r.dq.data()};
-        block_backward(g, kvb, c.mask, e.scale, r.dk.data(), r.dv.data(), ws, {}, c.softcap);
-        return r;
-      };
-      const Results ba = backward(true), bf = backward(false);
-      if (rich) {
-        EXPECT_LE(max_rel(ba.dv, bf.dv), 1e-5);
-        EXPECT_NE(ba.dv, bf.dv) << "the two paths gave the same bits: one of them did not run";
-        std::printf("%s: AMX against FMA, o %.2g dv %.2g of max |FMA|\n", c.name, max_rel(fa.o, ff.o),
-                    max_rel(ba.dv, bf.dv));
-      } else {
-        EXPECT_LE(max_rel(ba.dq, bf.dq), 1e-5);
-        EXPECT_LE(max_rel(ba.dk, bf.dk), 1e-5);
-        EXPECT_NE(ba.dq, bf.dq) << "the two paths gave the same bits: one of them did not run";
-        EXPECT_NE(ba.dk, bf.dk) << "the two paths gave the same bits: one of them did not run";
-        std::printf("%s: AMX against FMA, dq %.2g dk %.2g of max |FMA|\n", c.name, max_rel(ba.dq, bf.dq),
-                    max_rel(ba.dk, bf.dk));
-      }
-    }
-  amx::set_enabled(was);
+    EXPECT_TRUE(moved_o && moved_dv && moved_dq && moved_dk)
+        << "the two paths gave the same bits in every case: one of them did not run";
+  }
+  amx::set_enabled(amx_was);
+  bf16dot::set_enabled(dot_was);
 }
 
 }  // namespace

@@ -56,13 +56,16 @@ TEST(Bf16Dot, ScoresMatchFloat64OnRandomBf16Tiles) {
     std::vector<float> Smax(out_rows * lds, kSentinel), Sstore(out_rows * lds, kSentinel), rmax(c.n + 2, kSentinel);
     const std::uint16_t* a = A.data() + c.i0 * Dp;
     const std::uint16_t* b = B.data() + 2 * c.k0;
-    bf16dot::scores(amx::Epilogue::max, a, c.n, b, ldk, c.tk, Dp, Smax.data(), lds, alpha, nullptr, nullptr, rmax.data());
-    bf16dot::scores(amx::Epilogue::store, a, c.n, b, ldk, c.tk, Dp, Sstore.data(), lds, alpha, nullptr, nullptr, nullptr);
+    bf16dot::scores(amx::Epilogue::max, a, c.n, b, ldk, c.tk, Dp, Smax.data(), lds, alpha, nullptr, nullptr,
+                    rmax.data());
+    bf16dot::scores(amx::Epilogue::store, a, c.n, b, ldk, c.tk, Dp, Sstore.data(), lds, alpha, nullptr, nullptr,
+                    nullptr);
     std::vector<float> P(out_rows * lds), delta(c.n), G(out_rows * lds, kSentinel);
     std::uniform_real_distribution<float> ud(0.f, 1.f);
     for (auto& p : P) p = ud(rng);
     for (auto& d : delta) d = ud(rng) - 0.5f;
-    bf16dot::scores(amx::Epilogue::grad, a, c.n, b, ldk, c.tk, Dp, G.data(), lds, alpha, P.data(), delta.data(), nullptr);
+    bf16dot::scores(amx::Epilogue::grad, a, c.n, b, ldk, c.tk, Dp, G.data(), lds, alpha, P.data(), delta.data(),
+                    nullptr);
     double worst = 0, worst_grad = 0;
     for (Index i = 0; i < c.n; ++i) {
       float m = -std::numeric_limits<float>::infinity();
@@ -172,8 +175,7 @@ Results run_block(bool dot, Precision precision, Index Lq, Index Lk, Index G, In
   for (Index i = 0; i < Lq; ++i) qpos[i] = Lk - Lq + i;  // the queries are the last positions
   for (Index j = 0; j < Lk; ++j) kpos[j] = j;
   const Packing pq{1, 1, G, Lq, D}, pk{1, 1, 1, Lk, D};
-  Workspace<float> ws(resolve_tiling(t, D, std::max(Lq, Lk), G), D);
-  ws.precision = precision;
+  Workspace<float> ws(resolve_tiling(t, D, std::max(Lq, Lk), G), D, precision);
   const float scale = 1.0f / std::sqrt(float(D));
   Results r;
   std::vector<float> m(rows), l(rows);
@@ -223,7 +225,7 @@ TEST(Bf16Dot, Bf16KernelsAgreeWithAndWithoutDotProducts) {
   };
   for (const Precision precision : {Precision::f32}) {
     for (const Case& c : cases) {
-      SCOPED_TRACE(testing::Message() << c.name << (precision == Precision::bf16 ? " precision bf16" : " precision f32"));
+      SCOPED_TRACE(c.name);
       const Results a = run_block(true, precision, c.Lq, c.Lk, c.G, c.D, c.mask, c.softcap, c.t, 3);
       const Results f = run_block(false, precision, c.Lq, c.Lk, c.G, c.D, c.mask, c.softcap, c.t, 3);
       EXPECT_LE(max_rel(a.o, f.o), 1e-5);

@@ -16,6 +16,7 @@
 #include "ringattn/core/reference.hpp"
 #include "ringattn/core/simd.hpp"
 #include "core/amx_tiles.hpp"  // amx::set_enabled: the portable path on a machine with AMX
+#include "core/bf16_dot.hpp"   // bf16dot::set_enabled: the same with the dot products
 
 using namespace ringattn::core;
 
@@ -23,8 +24,8 @@ namespace {
 
 // A workspace for tiling t on the current target, for shards of at most Lmax positions.
 template <class A>
-Workspace<A> workspace(const Tiling& t, Index D, Index Lmax, Index G = 1) {
-  return Workspace<A>(resolve_tiling(t, D, Lmax, G), D);
+Workspace<A> workspace(const Tiling& t, Index D, Index Lmax, Index G = 1, Precision precision = Precision::f32) {
+  return Workspace<A>(resolve_tiling(t, D, Lmax, G), D, precision);
 }
 
 // Runs fn once on every SIMD target this CPU can run (the results must hold on each), then goes
@@ -147,8 +148,7 @@ DenseResult simulate_ring(const Global& g, const Layout& l, const Mask& mask, do
     const Packing pk{s.B, s.HKV, 1, l.size(o), s.D};
     return KVBlock<S>{pk, l.positions(o), kv[o].data(), kv[o].data() + pk.kv_elems()};
   };
-  Workspace<A> ws = workspace<A>(tiling, s.D, l.max_size(), s.G());
-  ws.precision = precision;
+  Workspace<A> ws = workspace<A>(tiling, s.D, l.max_size(), s.G(), precision);
   // contributions[r][j]: rank r's contribution to block (r - j) mod N
   std::vector<std::vector<std::vector<A>>> contrib(N, std::vector<std::vector<A>>(N));
   for (int r = 0; r < N; ++r) {
@@ -929,16 +929,24 @@ double expect_within(const char* name, const std::vector<double>& got, const std
 // 10% for its second-order terms. Causal and full masks, partial tiles, GQA, odd head dims, with and
 // without a soft cap. Rounding must also show: the result differs from Precision::f32's by more
 // than float rounding could (else the rounding was skipped). The portable path (the f32 tile rounded,
-// then the FMA products) on every target, and where the machine has AMX the tile products as well.
+// then the FMA products) on every target; where the machine has AMX or bf16 dot products (vdpbf16ps,
+// BFDOT), those as well, on the best target (the products are the same code on every target).
 TEST(BlockAttention, Bf16PrecisionMatchesDenseReferenceWithinTheRoundingBound) {
   std::vector<Case> all = cases();
   for (const Case& c : packed_cases()) all.push_back(c);
-  const bool was = amx::enabled();
-  for (const bool tiles : {false, true}) {
-    if (tiles && !amx::available()) continue;
-    amx::set_enabled(tiles);
-    SCOPED_TRACE(tiles ? "AMX" : "no AMX");
-    on_every_target([&] {
+  const bool amx_was = amx::enabled(), dot_was = bf16dot::enabled();
+  for (const std::string engine : {"", "AMX", "DOT"}) {
+    if ((engine == "AMX" && !amx::available()) || (engine == "DOT" && !bf16dot::available())) continue;
+    amx::set_enabled(engine == "AMX");
+    bf16dot::set_enabled(engine == "DOT");
+    SCOPED_TRACE(engine.empty() ? "FMA products" : engine);
+    auto targets = [&](auto&& fn) {
+      if (engine.empty())
+        on_every_target(fn);
+      else
+        fn();
+    };
+    targets([&] {
       double used = 0, moved = 0;
       for (const Case& c : all)
         for (double cap : {0.0, 0.7}) {
@@ -967,11 +975,12 @@ TEST(BlockAttention, Bf16PrecisionMatchesDenseReferenceWithinTheRoundingBound) {
             moved = std::max(moved, rel(*a, *b));
           EXPECT_GT(std::max({rel(got.o, f32.o), rel(got.dv, f32.dv), rel(got.dq, f32.dq)}), 20 * kTol);
         }
-      std::printf("bf16 precision on %s%s: at most %.2f of the rounding bound used; up to %.2g from f32 precision\n",
-                  simd::current().c_str(), tiles ? "+AMX" : "", used, moved);
+      std::printf("bf16 precision on %s: at most %.2f of the rounding bound used; up to %.2g from f32 precision\n",
+                  simd::kernels(DType::bf16).c_str(), used, moved);
     });
   }
-  amx::set_enabled(was);
+  amx::set_enabled(amx_was);
+  bf16dot::set_enabled(dot_was);
 }
 
 // Non-finite operands with Precision::bf16: the same pattern as the definition's (the rounding keeps

@@ -75,8 +75,9 @@ using Progress = FunctionRef<void()>;
 // product's operand panel, read row after row, spreads over all sets of the L1 cache.
 template <class A>
 struct Workspace {
-  Workspace(const Tiling& resolved, Index head_dim);
-  static Index bytes(const Tiling& resolved, Index head_dim);
+  // The buffers of Precision::bf16 exist only in a workspace made for it.
+  Workspace(const Tiling& resolved, Index head_dim, Precision precision = Precision::f32);
+  static Index bytes(const Tiling& resolved, Index head_dim, Precision precision = Precision::f32);
   Tiling tiling;
   Index D = 0, R = 0;               // head dim, rows per chunk
   Index ld = 0, ldd = 0;            // row strides of the tiles [*, k_cols] and of the row operands [*, D]
@@ -85,29 +86,29 @@ struct Workspace {
   AlignedVector<A> qs;              // the chunk's queries times the scale [R, D]
   AlignedVector<A> qw, dow, kw, vw;  // Q, dO of the chunk [R, ldd]; K, V of the tile [k_cols, ldd]
   AlignedVector<A> rowmax, rowc, rowsum, vmax;  // per tile row; the score kernel's running maxima
-  // bf16 operands packed for AMX tile products (float accumulation, when the machine has AMX):
+  // bf16 operands packed for AMX tile or dot products (float accumulation, when the machine has either):
   // the chunk's Q and dO rows [R + 16, Dp], the tile's K and V as pairs of depth [Dp / 2, 2 ldk]
   // (bf16 bits; Dp = D rounded up to 32; see src/core/amx_tiles.hpp)
   Index ldk = 0;
   AlignedVector<std::uint16_t> qb, dob, kb, vb;
-  // Precision::bf16 on AMX: the piece's P or dS rounded to bf16 as rows over its keys [q_rows + 16,
+  // Precision::bf16 on AMX or dot products: the piece's P or dS rounded to bf16 as rows over its keys [q_rows + 16,
   // Kk] and as their transpose over its rows [k_cols + 16, Kq] (Kk, Kq: k_cols + 1, q_rows + 1
   // rounded up to 32); V and K of the tile, Q and dO of the chunk as pairs of consecutive rows
   // [amx::row_pairs(k_cols or R), 2 ldc] (see src/core/amx_tiles.hpp)
   Index ldc = 0;
   AlignedVector<std::uint16_t> pb, pbt, vpb, kpb, qpb, dopb;
-  // Precision::bf16 without AMX (float workspaces): the backward's rounded P [q_rows, ld], beside the
+  // Precision::bf16 on the f32 FMA kernels (float workspaces): the backward's rounded P [q_rows, ld], beside the
   // f32 P that dS is formed from
   AlignedVector<A> pr;
-  Precision precision = Precision::f32;  // set by the caller after construction
+  Precision precision = Precision::f32;  // as constructed
 };
 
 // Whether the kernels compute the bf16 products S = Q K^T and dP = dO V^T on AMX tiles now (Intel
 // AMX-BF16, granted by the OS; off when the environment variable RINGATTN_AMX is 0).
 bool amx_bf16_active();
 // What computes the products of two bf16 operands now: "AMX", "VDPBF16PS" (x86 AVX512_BF16 without
-// AMX, or RINGATTN_BF16DOT=1), "BFDOT" (Arm FEAT_BF16), or "" (the f32 FMA kernels; RINGATTN_AMX=0
-// and RINGATTN_BF16DOT=0 turn the first two and the last two off).
+// AMX, or RINGATTN_BF16DOT=1), "BFDOT" (Arm FEAT_BF16), or "" (the f32 FMA kernels). RINGATTN_AMX=0
+// turns AMX off, RINGATTN_BF16DOT=0 the dot products.
 std::string bf16_products();
 
 // One rank's queries in packed form (storage type).

@@ -201,7 +201,8 @@ void attention_memory(MemoryPlan& m, const AttentionPlan& p, const core::Tiling&
   if (p.backward) ring += es * q + ea * (rows + q + block) + (R > 1 ? ea * 3 * block : 0.0);
   const core::Tiling t = core::resolve_tiling(given, s.D, std::min<Index>(Lmax * U, Index(1) << 40), hs.Gu);
   const double scratch =
-      double(p.dtype == DType::f64 ? core::Workspace<double>::bytes(t, s.D) : core::Workspace<float>::bytes(t, s.D));
+      double(p.dtype == DType::f64 ? core::Workspace<double>::bytes(t, s.D)
+                                    : core::Workspace<float>::bytes(t, s.D, p.precision));
   if (p.strategy == StrategyKind::allgather) m.add("tile scratch", scratch);
   else m.add("ring buffers and tile scratch", ring + scratch);
   if (p.strategy == StrategyKind::allgather) {  // two gathered groups; the backward's contributions

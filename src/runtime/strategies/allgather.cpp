@@ -88,8 +88,7 @@ AllGatherAttention<S>::AllGatherAttention(const comm::Comm& comm, const Strategy
       G_(setup.kv_head_group),
       groups_(static_cast<int>(setup.shape.HKV / setup.kv_head_group)),
       ws_(core::resolve_tiling(setup.tiling, setup.shape.D, setup.layout->max_size(), setup.shape.G()),
-          setup.shape.D) {
-  ws_.precision = setup.precision;
+          setup.shape.D, setup.precision) {
   const core::Shape& sh = s_.shape;
   L_ = s_.layout->size(r_);
   pq_ = core::Packing{sh.B, G_, sh.G(), L_, sh.D};
@@ -169,7 +168,7 @@ Index AllGatherAttention<S>::resident_bytes() const {
   for (const Group& g : g_)
     b += bytes(g.q) + bytes(g.dout) + bytes(g.m) + bytes(g.l) + bytes(g.acc) + bytes(g.lse) + bytes(g.delta) +
          bytes(g.dq) + bytes(g.dkv);
-  return b + core::Workspace<A>::bytes(ws_.tiling, ws_.D);
+  return b + core::Workspace<A>::bytes(ws_.tiling, ws_.D, ws_.precision);
 }
 
 template <class S>

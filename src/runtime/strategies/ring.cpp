@@ -26,8 +26,8 @@ RingAttention<T>::RingAttention(const comm::Comm& comm, const StrategySetup& set
       plan_(*setup.layout, *setup.mask, setup.traffic),
       r_(comm.rank()),
       N_(comm.size()),
-      ws_(core::resolve_tiling(setup.tiling, setup.shape.D, setup.layout->max_size(), setup.shape.G()), setup.shape.D) {
-  ws_.precision = setup.precision;
+      ws_(core::resolve_tiling(setup.tiling, setup.shape.D, setup.layout->max_size(), setup.shape.G()), setup.shape.D,
+          setup.precision) {
   const core::Shape& sh = s_.shape;
   L_ = s_.layout->size(r_);
   pq_ = core::Packing{sh.B, sh.HKV, sh.G(), L_, sh.D};
@@ -63,7 +63,7 @@ Index RingAttention<T>::resident_bytes() const {
   auto bytes = [](const auto&... v) { return ((Index(v.size()) * Index(sizeof(v[0]))) + ...); };
   return bytes(q_, kv_own_, dout_, kv_buf_[0], kv_buf_[1]) +
          bytes(m_, l_, lse_, acc_, delta_, dq_, dkv_own_, grad_send_[0], grad_send_[1], grad_recv_) +
-         core::Workspace<A>::bytes(ws_.tiling, ws_.D);
+         core::Workspace<A>::bytes(ws_.tiling, ws_.D, ws_.precision);
 }
 
 template <class T>

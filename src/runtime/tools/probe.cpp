@@ -50,8 +50,7 @@ void measure_kernel(const comm::Comm& comm, const ProbeConfig& c, Probe& p) {
   core::pack_heads(pk, file.data(), kv.data() + pk.kv_elems());
   using A = core::accum_t<T>;  // bf16 and f16 are stored, f32 computes
   std::vector<A> m(pq.row_elems()), l(pq.row_elems()), acc(pq.q_elems());
-  core::Workspace<A> ws(core::resolve_tiling({}, s.D, L, s.G()), s.D);  // the run's tiling and kernels
-  ws.precision = p.precision;
+  core::Workspace<A> ws(core::resolve_tiling({}, s.D, L, s.G()), s.D, p.precision);  // the run's tiling and kernels
   const core::Mask none = core::Mask::none();
   const core::QueryShard<T> qs{pq, pos, q.data()};
   const core::KVBlock<T> blk{pk, pos, kv.data(), kv.data() + pk.kv_elems()};
