@@ -163,7 +163,7 @@ std::vector<PlanField> plan_fields(const AttentionPlan& p, const PlanOptions& o,
 // Relative tolerance against the float64 reference: f32 3e-4 (a few hundred ulps of float after
 // exp amplifies score rounding by |S|, and sums over S keys), f64 1e-10; bf16 and f16 compute in
 // f32 on rounded inputs, so their reference is the one of the rounded inputs and f32's bound holds.
-// Precision bf16 rounds P and dS as well (unit roundoff 2^-9, about 2e-3): o's error is at most that
+// Precision bf16 rounds P and dS as well (unit roundoff 2^-8, about 4e-3): o's error is at most that
 // times max|v| (its natural magnitude), and the gradients sum such rounded terms over many rows, so
 // their bound is a few roundoffs: 1e-2.
 double check_tolerance(core::DType t, core::Precision p = core::Precision::f32);
