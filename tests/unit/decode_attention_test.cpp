@@ -13,22 +13,13 @@
 
 #include "ringattn/core/reference.hpp"
 #include "ringattn/core/simd.hpp"
+#include "test_targets.hpp"
 
 using namespace ringattn::core;
 
 namespace {
 
-template <class Fn>
-void on_every_target(Fn&& fn) {
-  const std::vector<std::string> targets = simd::available();
-  ASSERT_FALSE(targets.empty());
-  for (const std::string& t : targets) {
-    simd::select(t);
-    SCOPED_TRACE("SIMD target " + t);
-    fn();
-  }
-  simd::select(targets.front());
-}
+using ringattn::test::on_every_target;
 
 struct Case {
   Index B = 1, S = 200, H = 4, HKV = 2, D = 37, T = 1, window = 0;
