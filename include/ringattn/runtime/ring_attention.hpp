@@ -18,7 +18,14 @@
 #include "ringattn/core/aligned.hpp"
 #include "ringattn/runtime/strategy.hpp"
 
+namespace ringattn::comm {
+class Exchange;
+}
+
 namespace ringattn::runtime {
+
+template <class S>
+class RingSteps;
 
 template <class S>
 class RingAttention final : public Strategy<S> {
@@ -46,6 +53,11 @@ class RingAttention final : public Strategy<S> {
   Index block_elems(int owner) const { return 2 * packing(owner).kv_elems(); }
   core::KVBlock<S> view(int owner, const S* kv) const;
   void allocate_backward();  // once, on first use
+  // Step j's K/V traffic, the same in both passes (`tag` tells them apart): the block of step j+1
+  // is received into the buffer `cur` is not in while `cur`, step j's block, goes on to the next
+  // rank; then the wait for both, which returns the block of step j+1 (`cur` when none arrives).
+  void post_kv(comm::Exchange& kvx, RingSteps<S>& step, int j, const S* cur, int tag);
+  const S* wait_kv(comm::Exchange& kvx, RingSteps<S>& step, int j, const S* cur, const char* pass);
 
   const comm::Comm& comm_;
   StrategySetup s_;

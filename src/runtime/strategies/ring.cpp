@@ -119,6 +119,29 @@ void RingAttention<T>::load(const T* q, const T* k, const T* v) {
 }
 
 template <class T>
+void RingAttention<T>::post_kv(comm::Exchange& kvx, RingSteps<T>& step, int j, const T* cur, int tag) {
+  if (plan_.receives(r_, j + 1)) {
+    const Index recv = block_elems(plan_.owner(r_, j + 1));
+    kvx.irecv(kv_buf_[j % 2].data(), recv * sizeof(T), comm_.prev(), tag);
+    step.kv_received(recv);
+  }
+  if (plan_.sends(r_, j)) {
+    const Index send = block_elems(plan_.owner(r_, j));
+    kvx.isend(cur, send * sizeof(T), comm_.next(), tag);
+    step.kv_sent(send);
+  }
+}
+
+template <class T>
+const T* RingAttention<T>::wait_kv(comm::Exchange& kvx, RingSteps<T>& step, int j, const T* cur, const char* pass) {
+  step.waited(kvx.wait([&] {
+    return fmt::format("rank {} {} step {} (of 0..{}): the K/V block of rank {} from rank {}", r_, pass, j + 1,
+                       plan_.steps() - 1, plan_.owner(r_, j + 1), comm_.prev());
+  }));
+  return plan_.receives(r_, j + 1) ? kv_buf_[j % 2].data() : cur;
+}
+
+template <class T>
 PassStats RingAttention<T>::forward() {
   RingSteps<T> step(s_, r_, ledger_, obs_, Pass::forward, plan_.steps());
   core::OnlineState<A> st{m_.data(), l_.data(), acc_.data()};
@@ -129,17 +152,7 @@ PassStats RingAttention<T>::forward() {
     const int owner = plan_.owner(r_, j);
     comm::Exchange kvx(comm_);
     step.begin(j, owner);
-    // The next block is in flight while this one is attended.
-    if (plan_.receives(r_, j + 1)) {
-      const Index recv = block_elems(plan_.owner(r_, j + 1));
-      kvx.irecv(kv_buf_[j % 2].data(), recv * sizeof(T), comm_.prev(), kTagForward);
-      step.kv_received(recv);
-    }
-    if (plan_.sends(r_, j)) {
-      const Index send = block_elems(owner);
-      kvx.isend(cur, send * sizeof(T), comm_.next(), kTagForward);
-      step.kv_sent(send);
-    }
+    post_kv(kvx, step, j, cur, kTagForward);  // the next block is in flight while this one is attended
     if (plan_.holds(r_, j)) {
       step.compute(
           [&] {
@@ -151,11 +164,7 @@ PassStats RingAttention<T>::forward() {
           [&] { return core::count_block_forward(qshard_, view(owner, cur), *s_.mask, ws_); }, 1.0);
       step.forward_block(owner, pq_, m_.data(), l_.data(), acc_.data());
     }
-    step.waited(kvx.wait([&] {
-      return fmt::format("rank {} forward step {} (of 0..{}): the K/V block of rank {} from rank {}", r_, j + 1,
-                         plan_.steps() - 1, plan_.owner(r_, j + 1), comm_.prev());
-    }));
-    if (plan_.receives(r_, j + 1)) cur = kv_buf_[j % 2].data();
+    cur = wait_kv(kvx, step, j, cur, "forward");
     step.end();
   }
   if (step.computes()) core::finalize_forward(pq_, st, lse_.data(), s_.sinks);
@@ -204,16 +213,7 @@ PassStats RingAttention<T>::backward() {
     const int owner = plan_.owner(r_, j);
     comm::Exchange kvx(comm_);
     step.begin(j, owner);
-    if (plan_.receives(r_, j + 1)) {
-      const Index recv = block_elems(plan_.owner(r_, j + 1));
-      kvx.irecv(kv_buf_[j % 2].data(), recv * sizeof(T), comm_.prev(), kTagReplay);
-      step.kv_received(recv);
-    }
-    if (plan_.sends(r_, j)) {
-      const Index send = block_elems(owner);
-      kvx.isend(cur, send * sizeof(T), comm_.next(), kTagReplay);
-      step.kv_sent(send);
-    }
+    post_kv(kvx, step, j, cur, kTagReplay);
     // Own block: accumulate straight into our dK/dV; a remote one: into a send buffer.
     const bool returns = j > 0 && plan_.returns_grad(r_, j);
     if (j == 0 || returns) {
@@ -236,10 +236,7 @@ PassStats RingAttention<T>::backward() {
         step.grad_sent(owner, blk);
       }
     }
-    step.waited(kvx.wait([&] {
-      return fmt::format("rank {} backward step {} (of 0..{}): the K/V block of rank {} from rank {}", r_, j + 1,
-                         plan_.steps() - 1, plan_.owner(r_, j + 1), comm_.prev());
-    }));
+    const T* next = wait_kv(kvx, step, j, cur, "backward");
     if (j >= 2) step.waited(finish_grads(j - 1));
     const int source = (r_ + j) % N_;  // the rank whose contribution to our block was computed now
     if (j > 0 && plan_.returns_grad(source, j)) {
@@ -247,7 +244,7 @@ PassStats RingAttention<T>::backward() {
       pending[j % 2] = true;
       step.grad_posted(own_elems);
     }
-    if (plan_.receives(r_, j + 1)) cur = kv_buf_[j % 2].data();
+    cur = next;
     step.end();
   }
   if (plan_.steps() >= 2) step.waited_after(finish_grads(plan_.steps() - 1));
