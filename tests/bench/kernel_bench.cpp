@@ -238,7 +238,7 @@ int main(int argc, char** argv) try {
   if (pieces) return print_pieces(run, split(dtypes), split(dims));
   fmt::print("# one core; FMA peak measured before every repetition; medians of {} repetitions{}{}\n", reps,
              causal ? "; causal" : "", g_softcap > 0 ? fmt::format("; softcap {:g}", g_softcap) : "");
-  fmt::print("{:<8} {:>9} {:>6} {:>4} {:>4}  {:>9} {:>8} {:>7} {:>6} {:>6}  {:>9} {:>8} {:>7} {:>6} {:>6}\n", "target",
+  fmt::print("{:<8} {:>15} {:>6} {:>4} {:>4}  {:>9} {:>8} {:>7} {:>6} {:>6}  {:>9} {:>8} {:>7} {:>6} {:>6}\n", "target",
              "dtype", "S", "H", "D", "fwd GF/s", "peak", "% peak", "best", "% sust", "bwd GF/s", "peak", "% peak", "best",
              "% sust");
   for (const std::string& t : run) {
@@ -255,7 +255,7 @@ int main(int argc, char** argv) try {
             if (g_precision == Precision::bf16) label = "r";
             label += simd::kernels(DType::bf16).substr(simd::current().size());
           }
-          fmt::print("{:<8} {:>9} {:>6} {:>4} {:>4}  {:>9.1f} {:>8.1f} {:>6.1f}% {:>5.1f}% {:>5.1f}%  {:>9.1f} {:>8.1f} "
+          fmt::print("{:<8} {:>15} {:>6} {:>4} {:>4}  {:>9.1f} {:>8.1f} {:>6.1f}% {:>5.1f}% {:>5.1f}%  {:>9.1f} {:>8.1f} "
                      "{:>6.1f}% {:>5.1f}% {:>5.1f}%\n",
                      simd::current(), dt + label, S, H, D, r.fwd * 1e-9, r.fwd_peak * 1e-9, 100 * r.fwd_ratio,
                      100 * r.fwd_best, 100 * r.fwd_sust, r.bwd * 1e-9, r.bwd_peak * 1e-9, 100 * r.bwd_ratio,
