@@ -458,7 +458,7 @@ double fma_peak_impl(double seconds, bool sustained) {
 // The three sweeps of one forward piece of the default tiles (kTileQ query rows against kTileK
 // keys, head dim D) on warm operands, each timed on its own, the best of `reps`: what the kernels do
 // when nothing else touches the core or its caches. Scores are about N(0, 1), as for unit-variance Q
-// and K at the usual scale.
+// and K at the usual scale. Before them, the tile's start (K transposed, V copied) is timed too.
 template <class A>
 simd::PieceTimes piece_times_impl(Index D, int reps) {
   Workspace<A> ws(Tiling{kTileQ, kTileK, 32, kTileQ}, D);
@@ -471,8 +471,13 @@ simd::PieceTimes piece_times_impl(Index D, int reps) {
   AlignedVector<A> o(n * D, A(0)), c(n, A(1));
   using clock = std::chrono::steady_clock;
   auto seconds = [](clock::time_point a, clock::time_point b) { return std::chrono::duration<double>(b - a).count(); };
-  simd::PieceTimes best{1e30, 1e30, 1e30, 2.0 * double(n) * double(tk) * double(D)};
+  AlignedVector<A> k(tk * D), v(tk * D);  // one K/V tile as the block holds it: keys by row
+  for (Index e = 0; e < tk * D; ++e) k[e] = A(std::cos(1.1 * double(e))), v[e] = A(std::sin(0.9 * double(e)));
+  simd::PieceTimes best{1e30, 1e30, 1e30, 2.0 * double(n) * double(tk) * double(D), 1e30};
   for (int r = 0; r < std::max(reps, 1); ++r) {
+    const auto ts = clock::now();
+    transpose_rows(k.data(), tk, D, ws.kt.data(), ws.ld);
+    copy_rows(v.data(), tk, D, ws.vw.data(), ws.ldd);
     const auto t0 = clock::now();
     scores<Epilogue::max, A>(ws.qs.data(), n, D, D, ws.kt.data(), ws.ld, tk, ws.s.data(), ws.ld, nullptr, nullptr, A(0),
                              ws.rowmax.data(), ws.vmax.data());
@@ -484,6 +489,7 @@ simd::PieceTimes piece_times_impl(Index D, int reps) {
     best.score = std::min(best.score, seconds(t0, t1));
     best.exp = std::min(best.exp, seconds(t1, t2));
     best.accumulate = std::min(best.accumulate, seconds(t2, t3));
+    best.tile_start = std::min(best.tile_start, seconds(ts, t0));
     std::fill(o.begin(), o.end(), A(0));  // O stays bounded over the repetitions
   }
   return best;

@@ -152,9 +152,10 @@ int print_pieces(const std::vector<std::string>& targets, const std::vector<std:
     if (!select_target(t)) return 2;
   fmt::print("# one forward piece of the default tiles on warm operands, each pass the best of 3000, over the FMA "
              "peak (the better of two, just before and just after);\n"
-             "# exp: the exponentials' time over the two products' at the peak\n");
-  fmt::print("{:<8} {:>5} {:>4}  {:>8} {:>7} {:>7} {:>6} {:>7}\n", "target", "dtype", "D", "peak", "score", "accum",
-             "exp", "piece");
+             "# exp: the exponentials' time over the two products' at the peak; start: the K/V tile's (K transposed, "
+             "V copied), which a chunk's query tiles share, over the same\n");
+  fmt::print("{:<8} {:>5} {:>4}  {:>8} {:>7} {:>7} {:>6} {:>7} {:>6}\n", "target", "dtype", "D", "peak", "score",
+             "accum", "exp", "piece", "start");
   for (const std::string& t : targets) {
     simd::select(t);
     for (const std::string& dt : dtypes)
@@ -164,9 +165,9 @@ int print_pieces(const std::vector<std::string>& targets, const std::vector<std:
         const simd::PieceTimes p = simd::piece_times(type, std::stoll(d), 3000);
         const double peak = std::max(before, simd::fma_peak(type, 0.2));
         const double at_peak = p.product_flops / peak;  // one product's time at the peak
-        fmt::print("{:<8} {:>5} {:>4}  {:>8.1f} {:>6.1f}% {:>6.1f}% {:>5.1f}% {:>6.1f}%\n", simd::current(), dt, d,
-                   peak * 1e-9, 100 * at_peak / p.score, 100 * at_peak / p.accumulate, 100 * p.exp / (2 * at_peak),
-                   100 * 2 * at_peak / (p.score + p.exp + p.accumulate));
+        fmt::print("{:<8} {:>5} {:>4}  {:>8.1f} {:>6.1f}% {:>6.1f}% {:>5.1f}% {:>6.1f}% {:>5.1f}%\n", simd::current(), dt,
+                   d, peak * 1e-9, 100 * at_peak / p.score, 100 * at_peak / p.accumulate, 100 * p.exp / (2 * at_peak),
+                   100 * 2 * at_peak / (p.score + p.exp + p.accumulate), 100 * p.tile_start / (2 * at_peak));
         std::fflush(stdout);
       }
   }

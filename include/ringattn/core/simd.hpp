@@ -34,10 +34,12 @@ double fma_sustained(DType t, double seconds);
 // One forward piece of the default tiles (a query tile against a K/V tile, head dim D) on warm
 // operands, its three sweeps timed apart, the best of `reps`, in seconds: the score product
 // S = Q' K^T with its row max, the exponentials P = 2^(S - m) with their row sums, and the
-// accumulate O = c O + P V. Each product has `product_flops` (2 x rows x keys x D). What the kernels
-// do undisturbed, for benchmarks on machines whose other tenants make whole-run rates swing.
+// accumulate O = c O + P V. Each product has `product_flops` (2 x rows x keys x D). `tile_start` is
+// the forward's preparation of the K/V tile (K transposed, V copied), which the query tiles of a
+// chunk share. What the kernels do undisturbed, for benchmarks on machines whose other tenants make
+// whole-run rates swing.
 struct PieceTimes {
-  double score = 0, exp = 0, accumulate = 0, product_flops = 0;
+  double score = 0, exp = 0, accumulate = 0, product_flops = 0, tile_start = 0;
 };
 PieceTimes piece_times(DType t, Index head_dim, int reps = 1000);
 
