@@ -464,15 +464,16 @@ simd::PieceTimes piece_times_impl(Index D, int reps) {
   Workspace<A> ws(Tiling{kTileQ, kTileK, 32, kTileQ}, D);
   const Index n = kTileQ, tk = kTileK;
   for (Index e = 0; e < n * D; ++e) ws.qs[e] = A(std::sin(0.7 * double(e))) / A(std::sqrt(double(D)));
-  for (Index d = 0; d < D; ++d)
-    for (Index j = 0; j < tk; ++j) ws.kt[d * ws.ld + j] = A(std::cos(1.3 * double(d * tk + j)));
+  // one K/V tile as the block holds it, keys by row; each repetition's tile start makes K^T and V's copy
+  AlignedVector<A> k(tk * D), v(tk * D);
   for (Index j = 0; j < tk; ++j)
-    for (Index d = 0; d < D; ++d) ws.vw[j * ws.ldd + d] = A(std::sin(0.3 * double(j * D + d)));
+    for (Index d = 0; d < D; ++d) {
+      k[j * D + d] = A(std::cos(1.3 * double(d * tk + j)));
+      v[j * D + d] = A(std::sin(0.3 * double(j * D + d)));
+    }
   AlignedVector<A> o(n * D, A(0)), c(n, A(1));
   using clock = std::chrono::steady_clock;
   auto seconds = [](clock::time_point a, clock::time_point b) { return std::chrono::duration<double>(b - a).count(); };
-  AlignedVector<A> k(tk * D), v(tk * D);  // one K/V tile as the block holds it: keys by row
-  for (Index e = 0; e < tk * D; ++e) k[e] = A(std::cos(1.1 * double(e))), v[e] = A(std::sin(0.9 * double(e)));
   simd::PieceTimes best{1e30, 1e30, 1e30, 2.0 * double(n) * double(tk) * double(D), 1e30};
   for (int r = 0; r < std::max(reps, 1); ++r) {
     const auto ts = clock::now();

@@ -112,8 +112,8 @@ void copy_rows(const S* src, Index n, Index D, A* dst, Index ldd) {
 
 // KT[d, j] = K[j, d] for j < tk (KT row stride ldkt). When K already holds A, whole vectors of keys
 // are gathered down a column of K and stored as one vector of a row of KT: each store writes one
-// contiguous run instead of a lane per row (a 256 x 128 f32 tile took 18 us element by element and
-// 7 us gathered on AVX-512). The keys past the last whole vector, and 16-bit K, go element by element.
+// contiguous run instead of a lane per row (kernel_bench --pieces times it with V's copy as the tile
+// start). The keys past the last whole vector, and 16-bit K, go element by element.
 template <class A, class S>
 void transpose_rows(const S* K, Index tk, Index D, A* KT, Index ldkt) {
   Index j0 = 0;
