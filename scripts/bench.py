@@ -238,6 +238,7 @@ def bench_kernel(a, rows):
                 rows.add(c, "exp_of_products", pct(w[6]), "%", simd)
                 rows.add(c, "piece_of_peak", pct(w[7]), "%", simd)
                 rows.add(c, "tile_start_of_products", pct(w[8]), "%", simd)
+                rows.add(c, "piece_median_of_peak", pct(w[9]), "%", simd)
     if not a.causal:
         return
     # The causal mask at N=2: causal zigzag against the same run unmasked, alternating per round.

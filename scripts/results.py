@@ -131,18 +131,22 @@ def t_kernel(dated):
         out.append("")
         plines = []
         cases = list(dict.fromkeys(r["case"] for r in pieces))
-        # the tile start's column where every case has it (tables measured before it have not)
-        start = all(any(r["case"] == c and r["metric"] == "tile_start_of_products" for r in pieces) for c in cases)
+        # the tile start's and the median piece's columns where every case has them (tables measured
+        # before them have not)
+        has = lambda m: all(any(r["case"] == c and r["metric"] == m for r in pieces) for c in cases)  # noqa: E731
+        start, typical = has("tile_start_of_products"), has("piece_median_of_peak")
         for c in cases:
             d = kv(c)
             g = lambda m: pick([r for r in pieces if r["case"] == c], m)  # noqa: E731
             plines.append([g("score_of_peak")["simd"], d["dtype"], d["D"], num(g("score_of_peak"), ".1f") + "%",
                            num(g("accumulate_of_peak"), ".1f") + "%", num(g("exp_of_products"), ".1f") + "%",
                            num(g("piece_of_peak"), ".1f") + "%"]
-                          + ([num(g("tile_start_of_products"), ".1f") + "%"] if start else []))
+                          + ([num(g("tile_start_of_products"), ".1f") + "%"] if start else [])
+                          + ([num(g("piece_median_of_peak"), ".1f") + "%"] if typical else []))
         out += md(["target", "dtype", "D", "score QKᵀ", "accumulate P·V", "exponentials, of the products' time",
-                   "piece"] + (["K/V tile start, of the products' time"] if start else []), plines,
-                  "llrrrrr" + ("r" if start else ""))
+                   "piece"] + (["K/V tile start, of the products' time"] if start else [])
+                  + (["median piece"] if typical else []), plines,
+                  "llrrrrr" + ("r" if start else "") + ("r" if typical else ""))
     causal = [r for r in rows if "N" in kv(r["case"])]
     if causal:
         c = kv(causal[0]["case"])

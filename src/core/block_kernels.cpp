@@ -54,6 +54,8 @@
 #include <limits>
 #include <optional>
 #include <type_traits>
+#include <utility>
+#include <vector>
 
 #include "core/kernel_math-inl.hpp"     // exp, the softmax of a tile, operand copies
 #include "core/tile_products-inl.hpp"  // register blocking, score and accumulate products
@@ -62,6 +64,7 @@
 #include "core/amx_tiles.hpp"  // bf16 products on AMX tiles
 #include "core/bf16_dot.hpp"   // bf16 products on vdpbf16ps or BFDOT
 #include "ringattn/core/block_attention.hpp"
+#include "ringattn/core/median.hpp"
 #include "ringattn/core/simd.hpp"
 
 HWY_BEFORE_NAMESPACE();
@@ -457,8 +460,9 @@ double fma_peak_impl(double seconds, bool sustained) {
 
 // The three sweeps of one forward piece of the default tiles (kTileQ query rows against kTileK
 // keys, head dim D) on warm operands, each timed on its own, the best of `reps`: what the kernels do
-// when nothing else touches the core or its caches. Scores are about N(0, 1), as for unit-variance Q
-// and K at the usual scale. Before them, the tile's start (K transposed, V copied) is timed too.
+// when nothing else touches the core or its caches; and the median piece, what they typically do.
+// Scores are about N(0, 1), as for unit-variance Q and K at the usual scale. Before them, the tile's
+// start (K transposed, V copied) is timed too.
 template <class A>
 simd::PieceTimes piece_times_impl(Index D, int reps) {
   Workspace<A> ws(Tiling{kTileQ, kTileK, 32, kTileQ}, D);
@@ -474,7 +478,9 @@ simd::PieceTimes piece_times_impl(Index D, int reps) {
   AlignedVector<A> o(n * D, A(0)), c(n, A(1));
   using clock = std::chrono::steady_clock;
   auto seconds = [](clock::time_point a, clock::time_point b) { return std::chrono::duration<double>(b - a).count(); };
-  simd::PieceTimes best{1e30, 1e30, 1e30, 2.0 * double(n) * double(tk) * double(D), 1e30};
+  simd::PieceTimes best{1e30, 1e30, 1e30, 2.0 * double(n) * double(tk) * double(D), 1e30, 0};
+  std::vector<double> whole;  // each repetition's three sweeps together
+  whole.reserve(std::size_t(std::max(reps, 1)));
   for (int r = 0; r < std::max(reps, 1); ++r) {
     const auto ts = clock::now();
     transpose_rows(k.data(), tk, D, ws.kt.data(), ws.ld);
@@ -491,8 +497,10 @@ simd::PieceTimes piece_times_impl(Index D, int reps) {
     best.exp = std::min(best.exp, seconds(t1, t2));
     best.accumulate = std::min(best.accumulate, seconds(t2, t3));
     best.tile_start = std::min(best.tile_start, seconds(ts, t0));
+    whole.push_back(seconds(t0, t3));
     std::fill(o.begin(), o.end(), A(0));  // O stays bounded over the repetitions
   }
+  best.piece_median = median(std::move(whole));
   return best;
 }
 

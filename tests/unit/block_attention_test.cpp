@@ -55,6 +55,8 @@ TEST(BlockAttention, PieceTimesCoverTheDefaultTiles) {
         EXPECT_GT(p.score, 0.0);
         EXPECT_GT(p.exp, 0.0);
         EXPECT_GT(p.accumulate, 0.0);
+        // each repetition's piece takes at least the best of each pass
+        EXPECT_GE(p.piece_median, p.score + p.exp + p.accumulate);
         EXPECT_EQ(p.product_flops, 2.0 * double(t.q_rows) * double(t.k_cols) * double(D));
       }
   });

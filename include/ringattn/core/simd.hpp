@@ -37,9 +37,10 @@ double fma_sustained(DType t, double seconds);
 // accumulate O = c O + P V. Each product has `product_flops` (2 x rows x keys x D). `tile_start` is
 // the forward's preparation of the K/V tile (K transposed, V copied), which the query tiles of a
 // chunk share. What the kernels do undisturbed, for benchmarks on machines whose other tenants make
-// whole-run rates swing.
+// whole-run rates swing. `piece_median` is the median over the repetitions of one piece's three
+// sweeps together: what they typically do on this machine as it is, which a whole run follows.
 struct PieceTimes {
-  double score = 0, exp = 0, accumulate = 0, product_flops = 0, tile_start = 0;
+  double score = 0, exp = 0, accumulate = 0, product_flops = 0, tile_start = 0, piece_median = 0;
 };
 PieceTimes piece_times(DType t, Index head_dim, int reps = 1000);
 
