@@ -480,8 +480,9 @@ simd::PieceTimes piece_times_impl(Index D, int reps) {
   auto seconds = [](clock::time_point a, clock::time_point b) { return std::chrono::duration<double>(b - a).count(); };
   simd::PieceTimes best{1e30, 1e30, 1e30, 2.0 * double(n) * double(tk) * double(D), 1e30, 0};
   std::vector<double> whole;  // each repetition's three sweeps together
-  whole.reserve(std::size_t(std::max(reps, 1)));
-  for (int r = 0; r < std::max(reps, 1); ++r) {
+  const int runs = std::max(reps, 1);
+  whole.reserve(std::size_t(runs));
+  for (int r = 0; r < runs; ++r) {
     const auto ts = clock::now();
     transpose_rows(k.data(), tk, D, ws.kt.data(), ws.ld);
     copy_rows(v.data(), tk, D, ws.vw.data(), ws.ldd);

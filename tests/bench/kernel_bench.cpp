@@ -146,8 +146,8 @@ bool select_target(const std::string& t) {
 // each pass the best of 3000, against the better of the peaks measured just before and after. On a
 // shared machine the whole-run table moves with the other tenants from run to run; this one shows
 // what the kernels themselves reach, and where the forward's time goes. Its last column, the median
-// piece, is what they typically reach on the machine as it is: the gap between it and the best piece
-// is the machine's, not the kernels'.
+// piece, is what they typically reach on the machine as it is: on the same operands, the gap between
+// it and the best piece comes from what else runs on the machine.
 int print_pieces(const std::vector<std::string>& targets, const std::vector<std::string>& dtypes,
                  const std::vector<std::string>& dims) {
   for (const std::string& t : targets)
