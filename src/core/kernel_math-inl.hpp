@@ -62,25 +62,37 @@ HWY_INLINE hn::Vec<D> Exp2(D d, hn::Vec<D> x) {
   using T = hn::TFromD<D>;
   using C = Exp2Consts<T>;
   const hn::RebindToSigned<D> di;
+  auto poly = [](V f) HWY_ATTR {
+    V p = hn::Set(D(), C::kPoly[0]);
+    for (const auto c : std::span(C::kPoly).subspan(1)) p = hn::MulAdd(p, f, hn::Set(D(), c));
+    return p;
+  };
+#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+  // AVX-512 on whole vectors: f = x - round(x) by vreduce and n = x - f (one operation fewer than
+  // the rounding shift below), p 2^n by vscalef, zeroed below kMin by its mask (not-less-than, so a
+  // NaN stays NaN). n and f are the rounding shift's except where x + 1/2 is an integer: vreduce
+  // takes the even n there, the shift (its bias is odd) the odd one, f = +-1/2 either way, and the
+  // results differ by an ulp of the polynomial's.
+  if constexpr (hn::MaxLanes(D()) * sizeof(T) == 64) {
+    constexpr int kNearest = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;  // no fraction bits kept
+    if constexpr (std::is_same_v<T, float>) {
+      const V f{_mm512_reduce_ps(x.raw, kNearest)};
+      const V n = hn::Sub(x, f);
+      const __mmask16 keep = _mm512_cmp_ps_mask(x.raw, _mm512_set1_ps(C::kMin), _CMP_NLT_UQ);
+      return V{_mm512_maskz_scalef_ps(keep, poly(f).raw, n.raw)};
+    } else {
+      const V f{_mm512_reduce_pd(x.raw, kNearest)};
+      const V n = hn::Sub(x, f);
+      const __mmask8 keep = _mm512_cmp_pd_mask(x.raw, _mm512_set1_pd(C::kMin), _CMP_NLT_UQ);
+      return V{_mm512_maskz_scalef_pd(keep, poly(f).raw, n.raw)};
+    }
+  }
+#endif
   const V magic = hn::Set(d, C::kMagic);
   const V t = hn::Add(x, magic);
   const V n = hn::Sub(t, magic);
   const V f = hn::Sub(x, n);
-  V p = hn::Set(d, C::kPoly[0]);
-  for (const auto c : std::span(C::kPoly).subspan(1)) p = hn::MulAdd(p, f, hn::Set(d, c));
-#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
-  // AVX-512 on whole vectors: p 2^n by vscalef, zeroed below kMin by its mask (not-less-than, so a
-  // NaN stays NaN): one instruction for the shift, the multiply and the select, the same bits.
-  if constexpr (hn::MaxLanes(D()) * sizeof(T) == 64) {
-    if constexpr (std::is_same_v<T, float>) {
-      const __mmask16 keep = _mm512_cmp_ps_mask(x.raw, _mm512_set1_ps(C::kMin), _CMP_NLT_UQ);
-      return V{_mm512_maskz_scalef_ps(keep, p.raw, n.raw)};
-    } else {
-      const __mmask8 keep = _mm512_cmp_pd_mask(x.raw, _mm512_set1_pd(C::kMin), _CMP_NLT_UQ);
-      return V{_mm512_maskz_scalef_pd(keep, p.raw, n.raw)};
-    }
-  }
-#endif
+  const V p = poly(f);
   const V scale = hn::BitCast(d, hn::ShiftLeft<C::kMantissa>(hn::BitCast(di, t)));
   return hn::IfThenZeroElse(hn::Lt(x, hn::Set(d, C::kMin)), hn::Mul(p, scale));
 }
