@@ -61,7 +61,6 @@ HWY_INLINE hn::Vec<D> Exp2(D d, hn::Vec<D> x) {
   using V = hn::Vec<D>;
   using T = hn::TFromD<D>;
   using C = Exp2Consts<T>;
-  const hn::RebindToSigned<D> di;
   auto poly = [](V f) HWY_ATTR {
     V p = hn::Set(D(), C::kPoly[0]);
     for (const auto c : std::span(C::kPoly).subspan(1)) p = hn::MulAdd(p, f, hn::Set(D(), c));
@@ -93,6 +92,7 @@ HWY_INLINE hn::Vec<D> Exp2(D d, hn::Vec<D> x) {
   const V n = hn::Sub(t, magic);
   const V f = hn::Sub(x, n);
   const V p = poly(f);
+  const hn::RebindToSigned<D> di;
   const V scale = hn::BitCast(d, hn::ShiftLeft<C::kMantissa>(hn::BitCast(di, t)));
   return hn::IfThenZeroElse(hn::Lt(x, hn::Set(d, C::kMin)), hn::Mul(p, scale));
 }
