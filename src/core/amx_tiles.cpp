@@ -99,11 +99,53 @@ bool compiled() { return true; }
 
 // The rounding packers are here rather than in amx_support.cpp: they are called only with AMX or
 // with the dot products (bf16_dot.hpp; on x86 those need AVX-512 too), and AVX-512 rounds 16 values
-// per step (and gathers P's columns) where portable code went one by one and took as long as the
-// products. Builds without the tile flags (64-bit Arm) get the portable ones below. Each row: 16 values at a time from `lead` on (the last step's
-// zeros may run one element into the next row's lead, which that row rewrites), zeros to Kp.
+// per step where portable code went one by one and took as long as the products. Builds without the
+// tile flags (64-bit Arm) get the portable ones below.
+
+namespace {
+// Zeros a[from, to) of a packed row in pairs of bf16, with no call: the rows are short and many.
+// An odd count also zeroes a[to], which the callers allow (the next row's lead zero, or the zero
+// rows after the last).
+inline void zero_tail(std::uint16_t* a, Index from, Index to) {
+  for (Index t = from; t < to; t += 32)
+    _mm512_mask_storeu_epi32(a + t, first((to - t + 1) / 2), _mm512_setzero_si512());
+}
+
+// The 16 x 16 f32 block r[i][j] transposed in registers: r[j] holds what was column j.
+inline void transpose16(__m512 r[16]) {
+  __m512 t[16];
+#pragma GCC unroll 8
+  for (int i = 0; i < 16; i += 2) {  // per 128-bit lane: a0 b0 a1 b1 and a2 b2 a3 b3
+    t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
+    t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
+  }
+#pragma GCC unroll 4
+  for (int i = 0; i < 16; i += 4) {  // per lane: column k of rows i .. i + 3 in r[i + k]
+    r[i] = _mm512_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(1, 0, 1, 0));
+    r[i + 1] = _mm512_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(3, 2, 3, 2));
+    r[i + 2] = _mm512_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(1, 0, 1, 0));
+    r[i + 3] = _mm512_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(3, 2, 3, 2));
+  }
+#pragma GCC unroll 4
+  for (int k = 0; k < 4; ++k) {  // lane L of r[4 g + k] is column 4 L + k of rows 4 g .. 4 g + 3
+    const __m512 ab_lo = _mm512_shuffle_f32x4(r[k], r[4 + k], _MM_SHUFFLE(1, 0, 1, 0));
+    const __m512 ab_hi = _mm512_shuffle_f32x4(r[k], r[4 + k], _MM_SHUFFLE(3, 2, 3, 2));
+    const __m512 cd_lo = _mm512_shuffle_f32x4(r[8 + k], r[12 + k], _MM_SHUFFLE(1, 0, 1, 0));
+    const __m512 cd_hi = _mm512_shuffle_f32x4(r[8 + k], r[12 + k], _MM_SHUFFLE(3, 2, 3, 2));
+    t[k] = _mm512_shuffle_f32x4(ab_lo, cd_lo, _MM_SHUFFLE(2, 0, 2, 0));
+    t[4 + k] = _mm512_shuffle_f32x4(ab_lo, cd_lo, _MM_SHUFFLE(3, 1, 3, 1));
+    t[8 + k] = _mm512_shuffle_f32x4(ab_hi, cd_hi, _MM_SHUFFLE(2, 0, 2, 0));
+    t[12 + k] = _mm512_shuffle_f32x4(ab_hi, cd_hi, _MM_SHUFFLE(3, 1, 3, 1));
+  }
+#pragma GCC unroll 16
+  for (int j = 0; j < 16; ++j) r[j] = t[j];
+}
+}  // namespace
+
+// Each row: 16 values at a time from `lead` on (the last step's zeros may run one element into the
+// next row's lead, which is zero too), zeros to Kp.
 void pack_rounded_rows(const float* P, Index n, Index depth, Index ldp, Index lead, std::uint16_t* A) {
-  const Index Kp = padded_depth(lead + depth);
+  const Index Kp = padded_depth(lead + depth), end = lead + (depth + 15) / 16 * 16;
   for (Index i = 0; i < n; ++i) {
     std::uint16_t* a = A + i * Kp;
     const float* p = P + i * ldp;
@@ -112,23 +154,35 @@ void pack_rounded_rows(const float* P, Index n, Index depth, Index ldp, Index le
       const __m512 x = _mm512_maskz_loadu_ps(first(depth - j), p + j);
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(a + lead + j), round_bf16(x));
     }
-    memset(a + lead + depth, 0, sizeof(std::uint16_t) * (Kp - lead - depth));
+    zero_tail(a, end, Kp);
   }
   memset(A + n * Kp, 0, sizeof(std::uint16_t) * kTileRows * Kp);
 }
 
+// P's columns as rows: 16 x 16 blocks of P loaded by rows, transposed in registers and rounded (a
+// gather per 16 values took as long as the products on AMD Zen 5); rows of the block past the
+// depth load as zeros, so each stored row of 16 ends in zeros as pack_rounded_rows' do.
 void pack_rounded_cols(const float* P, Index depth, Index m, Index ldp, Index lead, std::uint16_t* A) {
-  const Index Kp = padded_depth(lead + depth);
-  const __m512i rows = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-                                          _mm512_set1_epi32(static_cast<int>(ldp)));
+  const Index Kp = padded_depth(lead + depth), end = lead + (depth + 15) / 16 * 16;
+  for (Index j0 = 0; j0 < m; j0 += 16) {
+    const Index cols = m - j0 < 16 ? m - j0 : 16;
+    const __mmask16 keep = first(cols);
+    for (Index i0 = 0; i0 < depth; i0 += 16) {
+      __m512 r[16];
+#pragma GCC unroll 16
+      for (int t = 0; t < 16; ++t)
+        r[t] = i0 + t < depth ? _mm512_maskz_loadu_ps(keep, P + (i0 + t) * ldp + j0) : _mm512_setzero_ps();
+      transpose16(r);
+      std::uint16_t* const a = A + j0 * Kp + lead + i0;
+#pragma GCC unroll 16
+      for (int c = 0; c < 16; ++c)
+        if (c < cols) _mm256_storeu_si256(reinterpret_cast<__m256i*>(a + c * Kp), round_bf16(r[c]));
+    }
+  }
   for (Index j = 0; j < m; ++j) {
     std::uint16_t* a = A + j * Kp;
     if (lead) a[0] = 0;
-    for (Index i = 0; i < depth; i += 16) {
-      const __m512 x = _mm512_mask_i32gather_ps(_mm512_setzero_ps(), first(depth - i), rows, P + i * ldp + j, 4);
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(a + lead + i), round_bf16(x));
-    }
-    memset(a + lead + depth, 0, sizeof(std::uint16_t) * (Kp - lead - depth));
+    zero_tail(a, end, Kp);
   }
   memset(A + m * Kp, 0, sizeof(std::uint16_t) * kTileRows * Kp);
 }

@@ -206,6 +206,52 @@ TEST(AmxTiles, Bf16KernelsAgreeWithAndWithoutAmx) {
   amx::set_enabled(was);
 }
 
+// The rounding packers of Precision::bf16, bit for bit against the layout amx_tiles.hpp states: row
+// i (or column i of the transposed packer) is `lead` zeros, the values rounded as to_bf16 rounds
+// (ties to even, NaN kept, overflow to inf), zeros to Kp; then kTileRows zero rows; nothing written
+// past them. Every remainder of the 16 x 16 blocks, both leads, and ties, NaN and overflow among
+// the values. They run with AMX or with the dot products, so wherever either does.
+TEST(AmxTiles, RoundingPackersMatchTheirLayout) {
+  if (!amx::available() && !bf16dot::available()) GTEST_SKIP() << "no AMX-BF16 and no bf16 dot products here";
+  std::mt19937 rng(3);
+  std::normal_distribution<float> nd;
+  struct Pack {
+    Index n, depth;
+  };
+  for (const Pack c : {Pack{1, 1}, Pack{16, 16}, Pack{17, 31}, Pack{5, 32}, Pack{33, 47}, Pack{256, 128},
+                       Pack{40, 64}, Pack{3, 100}}) {
+    for (const Index lead : {0, 1}) {
+      for (const bool trans : {false, true}) {
+        SCOPED_TRACE(testing::Message() << "n=" << c.n << " depth=" << c.depth << " lead=" << lead
+                                        << (trans ? " transposed" : ""));
+        // X [n, depth] (transposed: [depth, n]) with a stride of its own
+        const Index xr = trans ? c.depth : c.n, xc = trans ? c.n : c.depth, ldx = xc + 5;
+        std::vector<float> X(xr * ldx);
+        for (auto& x : X) x = nd(rng);
+        const float special[] = {1.00390625f, 1.01171875f, std::numeric_limits<float>::quiet_NaN(), 3.4e38f,
+                                 -1.00390625f, -0.0f};  // ties down and up, NaN, overflow, a tie, -0
+        for (Index s = 0; s < 6 && s < Index(X.size()); ++s) X[(s * 7919) % X.size()] = special[s];
+        const Index Kp = amx::padded_depth(lead + c.depth), size = (c.n + amx::kTileRows) * Kp;
+        std::vector<std::uint16_t> A(size + 64, 0xABCD);  // sentinels past the end
+        if (trans)
+          amx::pack_rounded_cols(X.data(), c.depth, c.n, ldx, lead, A.data());
+        else
+          amx::pack_rounded_rows(X.data(), c.n, c.depth, ldx, lead, A.data());
+        for (Index i = 0; i < c.n + amx::kTileRows; ++i)
+          for (Index k = 0; k < Kp; ++k) {
+            std::uint16_t want = 0;
+            if (i < c.n && k >= lead && k < lead + c.depth) {
+              const Index d = k - lead;
+              want = to_bf16(trans ? X[d * ldx + i] : X[i * ldx + d]).bits;
+            }
+            ASSERT_EQ(A[i * Kp + k], want) << "row " << i << ", element " << k;
+          }
+        for (Index e = size; e < size + 64; ++e) ASSERT_EQ(A[e], 0xABCD) << "written past the zero rows";
+      }
+    }
+  }
+}
+
 // The accumulate products of Precision::bf16 (amx::accumulate) on random tiles, against float64:
 // O = c O + round(X) B with X an f32 tile (or its transpose) rounded to bf16 by the packing, B packed
 // as pairs of rows, the depth starting at an even or an odd row of B (lead), every remainder of the
