@@ -8,8 +8,7 @@ namespace ringattn::core::bf16dot {
 namespace {
 // What a block does with its sums: the score epilogues of amx::scores, or O = c O + C.
 enum class Mode { max, store, grad, add };
-struct Out {
-  Mode mode;
+struct Out {  // what the mode reads and writes (the mode itself is the blocks' template argument)
   float* S;  // the scores, or O
   Index lds;
   float alpha = 1.0f;
@@ -27,20 +26,21 @@ struct Out {
 // columns below the end are computed.
 #define RINGATTN_BF16DOT_SWEEP                                                                          \
   namespace {                                                                                           \
-  template <int NV>                                                                                     \
+  template <Mode M, int NV>                                                                             \
   void rows_block(int mr, const Out& o, const std::uint16_t* A, Index depth, const std::uint16_t* B,    \
                   Index ldb, Index cols, Index i, Index j) {                                            \
     switch (mr) {                                                                                       \
-      case 6: if constexpr (kRows >= 6) { block<6, NV>(o, A, depth, B, ldb, cols, i, j); break; }       \
+      case 6: if constexpr (kRows >= 6) { block<M, 6, NV>(o, A, depth, B, ldb, cols, i, j); break; }    \
         [[fallthrough]];                                                                                \
-      case 5: if constexpr (kRows >= 5) { block<5, NV>(o, A, depth, B, ldb, cols, i, j); break; }       \
+      case 5: if constexpr (kRows >= 5) { block<M, 5, NV>(o, A, depth, B, ldb, cols, i, j); break; }    \
         [[fallthrough]];                                                                                \
-      case 4: block<4, NV>(o, A, depth, B, ldb, cols, i, j); break;                                     \
-      case 3: block<3, NV>(o, A, depth, B, ldb, cols, i, j); break;                                     \
-      case 2: block<2, NV>(o, A, depth, B, ldb, cols, i, j); break;                                     \
-      default: block<1, NV>(o, A, depth, B, ldb, cols, i, j); break;                                    \
+      case 4: block<M, 4, NV>(o, A, depth, B, ldb, cols, i, j); break;                                  \
+      case 3: block<M, 3, NV>(o, A, depth, B, ldb, cols, i, j); break;                                  \
+      case 2: block<M, 2, NV>(o, A, depth, B, ldb, cols, i, j); break;                                  \
+      default: block<M, 1, NV>(o, A, depth, B, ldb, cols, i, j); break;                                 \
     }                                                                                                   \
   }                                                                                                     \
+  template <Mode M>                                                                                     \
   void sweep(const Out& o, const std::uint16_t* A, Index n, Index depth, const std::uint16_t* B,        \
              Index ldb, Index ncols) {                                                                  \
     constexpr Index W = kVecs * kLanes;                                                                 \
@@ -52,10 +52,10 @@ struct Out {
         const std::uint16_t* a = A + i * depth;                                                         \
         const std::uint16_t* b = B + 2 * j;                                                             \
         switch (nv) {                                                                                   \
-          case 4: rows_block<4>(mr, o, a, depth, b, ldb, cols, i, j); break;                            \
-          case 3: rows_block<3>(mr, o, a, depth, b, ldb, cols, i, j); break;                            \
-          case 2: rows_block<2>(mr, o, a, depth, b, ldb, cols, i, j); break;                            \
-          default: rows_block<1>(mr, o, a, depth, b, ldb, cols, i, j); break;                           \
+          case 4: rows_block<M, 4>(mr, o, a, depth, b, ldb, cols, i, j); break;                         \
+          case 3: rows_block<M, 3>(mr, o, a, depth, b, ldb, cols, i, j); break;                         \
+          case 2: rows_block<M, 2>(mr, o, a, depth, b, ldb, cols, i, j); break;                         \
+          default: rows_block<M, 1>(mr, o, a, depth, b, ldb, cols, i, j); break;                        \
         }                                                                                               \
       }                                                                                                 \
     }                                                                                                   \
@@ -66,17 +66,26 @@ struct Out {
               float* rmax) {                                                                            \
     if (e == amx::Epilogue::max)                                                                        \
       for (Index i = 0; i < n; ++i) rmax[i] = -__builtin_inff();                                        \
-    const Mode m = e == amx::Epilogue::max ? Mode::max : e == amx::Epilogue::store ? Mode::store : Mode::grad; \
-    sweep(Out{m, S, lds, alpha, P, delta, rmax, nullptr}, A, n, Dp, B, ldk, tk);                        \
+    const Out o{S, lds, alpha, P, delta, rmax, nullptr};                                                \
+    if (e == amx::Epilogue::max)                                                                        \
+      sweep<Mode::max>(o, A, n, Dp, B, ldk, tk);                                                        \
+    else if (e == amx::Epilogue::store)                                                                 \
+      sweep<Mode::store>(o, A, n, Dp, B, ldk, tk);                                                      \
+    else                                                                                                \
+      sweep<Mode::grad>(o, A, n, Dp, B, ldk, tk);                                                       \
   }                                                                                                     \
   void accumulate(const std::uint16_t* A, Index n, Index Kp, const std::uint16_t* B, Index ldc,         \
                   Index D, float* O, Index ldo, const float* c) {                                       \
-    sweep(Out{Mode::add, O, ldo, 1.0f, nullptr, nullptr, nullptr, c}, A, n, Kp, B, ldc, D);            \
+    sweep<Mode::add>(Out{O, ldo, 1.0f, nullptr, nullptr, nullptr, c}, A, n, Kp, B, ldc, D);             \
   }
 
 #if defined(__AVX512BF16__) && defined(__AVX512F__)
 #include <immintrin.h>
 #include <string.h>
+
+// GCC 12's _mm512_undefined_ps (inside _mm512_max_ps and _mm512_reduce_max_ps) initialises a
+// variable with itself, which -Wuninitialized reports once the max epilogue has a block of its own.
+#pragma GCC diagnostic ignored "-Wuninitialized"
 
 namespace ringattn::core::bf16dot {
 namespace {
@@ -91,7 +100,7 @@ inline Index least(Index a, Index b) { return a < b ? a : b; }
 // `cols` (cols > 16 (NV - 1)). Each lane's sum is one chain over the depth in order, odd depth
 // before even within a pair (the instruction's order), whatever the block: the same (row, column)
 // gives the same bits.
-template <int MR, int NV>
+template <Mode M, int MR, int NV>
 void block(const Out& o, const std::uint16_t* A, Index depth, const std::uint16_t* B, Index ldb, Index cols,
            Index i0, Index j0) {
   __m512 c[MR][NV];
@@ -112,37 +121,37 @@ void block(const Out& o, const std::uint16_t* A, Index depth, const std::uint16_
       for (int v = 0; v < NV; ++v) c[r][v] = _mm512_dpbf16_ps(c[r][v], (__m512bh)a, (__m512bh)b[v]);
     }
   }
+  // The epilogue reads Out once, and its masks are the same for every row.
+  float* const S = o.S;
+  const Index lds = o.lds;
   const __m512 va = _mm512_set1_ps(o.alpha), ninf = _mm512_set1_ps(-__builtin_inff());
+  __mmask16 keep[NV];
+#pragma GCC unroll 4
+  for (int v = 0; v < NV; ++v) keep[v] = static_cast<__mmask16>((1u << least(kLanes, cols - kLanes * v)) - 1u);
 #pragma GCC unroll 8
   for (int r = 0; r < MR; ++r) {
     const Index i = i0 + r;
+    float* const s = S + i * lds + j0;
     __m512 vmax = ninf;
 #pragma GCC unroll 4
     for (int v = 0; v < NV; ++v) {
-      const Index j = j0 + kLanes * v, left = least(kLanes, cols - kLanes * v);
-      const __mmask16 keep = static_cast<__mmask16>((1u << left) - 1u);
-      float* s = o.S + i * o.lds + j;
-      switch (o.mode) {
-        case Mode::add: {
-          const __m512 ci = _mm512_set1_ps(o.c ? o.c[i] : 1.0f);
-          _mm512_mask_storeu_ps(s, keep, _mm512_fmadd_ps(ci, _mm512_maskz_loadu_ps(keep, s), c[r][v]));
-          break;
-        }
-        case Mode::grad: {
-          const __m512 p = _mm512_maskz_loadu_ps(keep, o.P + i * o.lds + j);
-          _mm512_mask_storeu_ps(s, keep, _mm512_mul_ps(_mm512_mul_ps(va, p), _mm512_sub_ps(c[r][v], _mm512_set1_ps(o.delta[i]))));
-          break;
-        }
-        default: {
-          const __m512 x = _mm512_mul_ps(va, c[r][v]);
-          _mm512_mask_storeu_ps(s, keep, x);
-          if (o.mode == Mode::max) vmax = _mm512_max_ps(vmax, _mm512_mask_blend_ps(keep, ninf, x));
-        }
+      float* const sv = s + kLanes * v;
+      if constexpr (M == Mode::add) {
+        const __m512 ci = _mm512_set1_ps(o.c ? o.c[i] : 1.0f);
+        _mm512_mask_storeu_ps(sv, keep[v], _mm512_fmadd_ps(ci, _mm512_maskz_loadu_ps(keep[v], sv), c[r][v]));
+      } else if constexpr (M == Mode::grad) {
+        const __m512 p = _mm512_maskz_loadu_ps(keep[v], o.P + i * lds + j0 + kLanes * v);
+        const __m512 dp = _mm512_sub_ps(c[r][v], _mm512_set1_ps(o.delta[i]));
+        _mm512_mask_storeu_ps(sv, keep[v], _mm512_mul_ps(_mm512_mul_ps(va, p), dp));
+      } else {
+        const __m512 x = _mm512_mul_ps(va, c[r][v]);
+        _mm512_mask_storeu_ps(sv, keep[v], x);
+        if constexpr (M == Mode::max) vmax = _mm512_max_ps(vmax, _mm512_mask_blend_ps(keep[v], ninf, x));
       }
     }
-    if (o.mode == Mode::max) {
-      const float m = _mm512_reduce_max_ps(vmax);
-      if (m > o.rmax[i]) o.rmax[i] = m;
+    if constexpr (M == Mode::max) {  // rmax[i] = m when m > rmax[i], without a branch
+      const __m128 m = _mm_set_ss(_mm512_reduce_max_ps(vmax));
+      _mm_store_ss(o.rmax + i, _mm_max_ss(m, _mm_load_ss(o.rmax + i)));
     }
   }
 }
@@ -170,7 +179,7 @@ constexpr int kRows = 4, kVecs = 4;  // 16 accumulators, 4 A and 4 B vectors of 
 
 inline Index least(Index a, Index b) { return a < b ? a : b; }
 
-template <int MR, int NV>
+template <Mode M, int MR, int NV>
 void block(const Out& o, const std::uint16_t* A, Index depth, const std::uint16_t* B, Index ldb, Index cols,
            Index i0, Index j0) {
   float32x4_t c[MR][NV];
@@ -204,9 +213,9 @@ void block(const Out& o, const std::uint16_t* A, Index depth, const std::uint16_
       vst1q_f32(x, c[r][v]);
       float* s = o.S + i * o.lds + j;
       for (Index t = 0; t < left; ++t) {
-        if (o.mode == Mode::add) {
+        if constexpr (M == Mode::add) {
           s[t] = __builtin_fmaf(o.c ? o.c[i] : 1.0f, s[t], x[t]);
-        } else if (o.mode == Mode::grad) {
+        } else if constexpr (M == Mode::grad) {
           s[t] = o.alpha * o.P[i * o.lds + j + t] * (x[t] - o.delta[i]);
         } else {
           s[t] = o.alpha * x[t];
@@ -214,7 +223,7 @@ void block(const Out& o, const std::uint16_t* A, Index depth, const std::uint16_
         }
       }
     }
-    if (o.mode == Mode::max && m > o.rmax[i]) o.rmax[i] = m;
+    if (M == Mode::max && m > o.rmax[i]) o.rmax[i] = m;
   }
 }
 
