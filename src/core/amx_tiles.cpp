@@ -5,7 +5,7 @@
 // would carry AVX-512 code that the linker could choose for every other caller.
 #include "core/amx_tiles.hpp"
 
-#if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512F__)
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512F__) && defined(__AVX512BF16__)
 #include <immintrin.h>
 #include <string.h>
 
@@ -81,15 +81,9 @@ void add_epilogue(const float* C, Index rows, Index cols, float* O, Index ldo, c
   }
 }
 
-// 16 f32 to the bits of the nearest bf16 (ties to even): u + 0x7fff + bit 16 of u, the high half;
-// NaN stays NaN (quiet), overflow carries to inf.
-inline __m256i round_bf16(__m512 x) {
-  const __m512i u = _mm512_castps_si512(x);
-  const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
-  const __m512i r = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), odd)), 16);
-  const __m512i quiet = _mm512_or_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40));
-  return _mm512_cvtepi32_epi16(_mm512_mask_blend_epi32(_mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), r, quiet));
-}
+// 16 f32 to the bits of the nearest bf16 (vcvtneps2bf16): ties to even, NaN kept (quiet), overflow
+// to inf; f32 denormals become zero, as tdpbf16ps and vdpbf16ps take denormal bf16 operands anyway.
+inline __m256i round_bf16(__m512 x) { return reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(x)); }
 
 inline __mmask16 first(Index n) { return n >= 16 ? __mmask16(0xFFFF) : static_cast<__mmask16>((1u << n) - 1u); }
 
@@ -140,6 +134,7 @@ inline void transpose16(__m512 r[16]) {
 #pragma GCC unroll 16
   for (int j = 0; j < 16; ++j) r[j] = t[j];
 }
+
 }  // namespace
 
 // Each row: 16 values at a time from `lead` on (the last step's zeros may run one element into the

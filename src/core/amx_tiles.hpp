@@ -3,15 +3,17 @@
 // bf16 (S = Q K^T, dP = dO V^T with bf16 storage; with Precision::bf16 also P V, P^T dO, dS K and
 // dS^T Q, P and dS rounded to bf16), the products of two bf16 values are exact in f32 and AMX's
 // tdpbf16ps sums them in f32: the same results as the f32 FMA kernels up to the order of the sum,
-// at many times their rate. Used only when the CPU has AMX-BF16 and AVX-512, Linux grants
-// the tile data state, and RINGATTN_AMX is not 0 (enabled()).
+// at many times their rate. Used only when the CPU has AMX-BF16, AVX-512 and AVX512_BF16, Linux
+// grants the tile data state, and RINGATTN_AMX is not 0 (enabled()).
 //
 // The intrinsics live in amx_tiles.cpp, the one file compiled with AMX and AVX-512 flags; it
 // includes nothing but <immintrin.h> and C headers, so that no inline function of a shared header
 // is emitted there with AVX-512 code the linker could pick for the rest of the library.
 // Detection and the packing of bf16 operands (amx_support.cpp) are portable code; the packers that
-// round f32 tiles to bf16 (pack_rounded_*) are AVX-512 code in amx_tiles.cpp (called with AMX or the
-// dot products of bf16_dot.hpp; portable code in builds without the tile flags).
+// round f32 tiles to bf16 (pack_rounded_*) are AVX512_BF16 code in amx_tiles.cpp (called with AMX or
+// the dot products of bf16_dot.hpp, which both need it on x86; portable code in builds without the
+// tile flags). Those round as to_bf16 does, except that f32 denormals may become zero: the products
+// take denormal bf16 operands as zero anyway.
 //
 // Operands as the tile products read them (bf16 bits as uint16):
 //   A (the rows: Q or dO)  [rows, Dp]          row i is the row's D values, zero to Dp
