@@ -121,13 +121,14 @@ def expect_agreed(name, fn, needle, within_s=10.0):
 
 def wrong_shard_length_is_quick():
     """At seq_len=2**24 a shard one position too long on the last rank is refused before the
-    strategy's buffers are allocated: within two seconds (the plan's layout tables of S entries
-    take about one), and with little added to the peak memory."""
+    strategy's buffers are allocated: with little added to the peak memory. Not a timing test: the
+    plan's layout tables of S entries take one to two seconds per rank, more with more ranks than
+    cores or a busy machine, and expect_agreed's 10 s only stands against a hang."""
     S = 1 << 24
     q, k, v = shard(S, H=1, D=1, dtype=torch.float32, extra=1 if LAST else 0)
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB
     ok = expect_agreed("wrong shard length at seq_len=2**24",
-                       lambda: ringattn.attention(q, k, v, seq_len=S, timeout=TIMEOUT), "positions", within_s=2.0)
+                       lambda: ringattn.attention(q, k, v, seq_len=S, timeout=TIMEOUT), "positions")
     grown = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024  # MiB
     grown = COMM.allreduce(grown, op=MPI.MAX)
     if RANK == 0:
