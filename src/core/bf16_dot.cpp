@@ -133,11 +133,12 @@ void block(const Out& o, const std::uint16_t* A, Index depth, const std::uint16_
     const Index i = i0 + r;
     float* const s = S + i * lds + j0;
     __m512 vmax = ninf;
+    // add: row i's scale of O, read once (the stores to O could alias it)
+    [[maybe_unused]] const __m512 ci = _mm512_set1_ps(M == Mode::add && o.c ? o.c[i] : 1.0f);
 #pragma GCC unroll 4
     for (int v = 0; v < NV; ++v) {
       float* const sv = s + kLanes * v;
       if constexpr (M == Mode::add) {
-        const __m512 ci = _mm512_set1_ps(o.c ? o.c[i] : 1.0f);
         _mm512_mask_storeu_ps(sv, keep[v], _mm512_fmadd_ps(ci, _mm512_maskz_loadu_ps(keep[v], sv), c[r][v]));
       } else if constexpr (M == Mode::grad) {
         const __m512 p = _mm512_maskz_loadu_ps(keep[v], o.P + i * lds + j0 + kLanes * v);
@@ -206,7 +207,7 @@ void block(const Out& o, const std::uint16_t* A, Index depth, const std::uint16_
   }
   for (int r = 0; r < MR; ++r) {
     const Index i = i0 + r;
-    float m = -__builtin_inff();
+    [[maybe_unused]] float m = -__builtin_inff();  // the row max (Mode::max)
     for (int v = 0; v < NV; ++v) {
       const Index j = j0 + kLanes * v, left = least(kLanes, cols - kLanes * v);
       float x[4];
@@ -219,11 +220,11 @@ void block(const Out& o, const std::uint16_t* A, Index depth, const std::uint16_
           s[t] = o.alpha * o.P[i * o.lds + j + t] * (x[t] - o.delta[i]);
         } else {
           s[t] = o.alpha * x[t];
-          if (s[t] > m) m = s[t];
+          if constexpr (M == Mode::max) m = s[t] > m ? s[t] : m;
         }
       }
     }
-    if (M == Mode::max && m > o.rmax[i]) o.rmax[i] = m;
+    if constexpr (M == Mode::max) o.rmax[i] = m > o.rmax[i] ? m : o.rmax[i];
   }
 }
 
