@@ -182,6 +182,40 @@ void pack_rounded_cols(const float* P, Index depth, Index m, Index ldp, Index le
   memset(A + m * Kp, 0, sizeof(std::uint16_t) * kTileRows * Kp);
 }
 
+// The same transpose for bf16 values: 16 x 16 blocks widened to the f32 bits they stand for,
+// transposed as f32, and narrowed back to their high halves (exactly the values read).
+void pack_cols_of_rows(const std::uint16_t* X, Index n, Index m, Index Kx, Index xlead, Index lead, std::uint16_t* A) {
+  const Index Kp = padded_depth(lead + n), end = lead + (n + 15) / 16 * 16;
+  for (Index j0 = 0; j0 < m; j0 += 16) {
+    const Index cols = m - j0 < 16 ? m - j0 : 16;
+    const __mmask16 keep = first(cols);
+    for (Index i0 = 0; i0 < n; i0 += 16) {
+      __m512 r[16];
+#pragma GCC unroll 16
+      for (int t = 0; t < 16; ++t) {
+        // 16 values, whole (the lanes past m masked): the last may read one value past the row,
+        // the next row's lead or the zero rows after the last
+        const __m256i h = i0 + t < n ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(X + (i0 + t) * Kx + xlead + j0))
+                                     : _mm256_setzero_si256();
+        r[t] = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_maskz_cvtepu16_epi32(keep, h), 16));
+      }
+      transpose16(r);
+      std::uint16_t* const a = A + j0 * Kp + lead + i0;
+#pragma GCC unroll 16
+      for (int c = 0; c < 16; ++c)
+        if (c < cols)
+          _mm256_storeu_si256(reinterpret_cast<__m256i*>(a + c * Kp),
+                              _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(r[c]), 16)));
+    }
+  }
+  for (Index j = 0; j < m; ++j) {
+    std::uint16_t* a = A + j * Kp;
+    if (lead) a[0] = 0;
+    zero_tail(a, end, Kp);
+  }
+  memset(A + m * Kp, 0, sizeof(std::uint16_t) * kTileRows * Kp);
+}
+
 TileScope::TileScope() {
   Config cfg;
   for (int t = 0; t < 8; ++t) {
@@ -283,6 +317,17 @@ void pack_rounded_cols(const float* P, Index depth, Index m, Index ldp, Index le
     for (Index i = 0; i < lead; ++i) a[i] = 0;
     for (Index i = 0; i < depth; ++i) a[lead + i] = round_bf16(P[i * ldp + j]);
     for (Index i = lead + depth; i < Kp; ++i) a[i] = 0;
+  }
+  memset(A + m * Kp, 0, sizeof(std::uint16_t) * kTileRows * Kp);
+}
+
+void pack_cols_of_rows(const std::uint16_t* X, Index n, Index m, Index Kx, Index xlead, Index lead, std::uint16_t* A) {
+  const Index Kp = padded_depth(lead + n);
+  for (Index j = 0; j < m; ++j) {
+    std::uint16_t* a = A + j * Kp;
+    for (Index i = 0; i < lead; ++i) a[i] = 0;
+    for (Index i = 0; i < n; ++i) a[lead + i] = X[i * Kx + xlead + j];
+    for (Index i = lead + n; i < Kp; ++i) a[i] = 0;
   }
   memset(A + m * Kp, 0, sizeof(std::uint16_t) * kTileRows * Kp);
 }

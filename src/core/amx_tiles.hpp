@@ -74,6 +74,11 @@ void pack_rounded_rows(const float* P, Index n, Index depth, Index ldp, Index le
 // The same for P^T: A [m + kTileRows, Kp], row j = `lead` zeros, then P[0, j] .. P[depth - 1, j]
 // rounded, zero to Kp = padded_depth(lead + depth) (P [depth, m], row stride ldp).
 void pack_rounded_cols(const float* P, Index depth, Index m, Index ldp, Index lead, std::uint16_t* A);
+// pack_rounded_cols for a tile already rounded and packed by rows: X in pack_rounded_rows' layout
+// (row i = `xlead` zeros, then the tile's row i of m values; row stride Kx), A as pack_rounded_cols
+// leaves it (row j = `lead` zeros, then X's column j over rows [0, n), zeros to
+// Kp = padded_depth(lead + n); then kTileRows zero rows). The values are copied, not rounded again.
+void pack_cols_of_rows(const std::uint16_t* X, Index n, Index m, Index Kx, Index xlead, Index lead, std::uint16_t* A);
 // B from rows [0, n) of X (row stride D): pairs of consecutive rows, ldc columns per row (2 ldc
 // bf16), zero past D and for kDepthStep + 1 rows past n.
 void pack_row_pairs(const std::uint16_t* X, Index n, Index D, Index ldc, std::uint16_t* B);

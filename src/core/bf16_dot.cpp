@@ -7,7 +7,8 @@
 namespace ringattn::core::bf16dot {
 namespace {
 // What a block does with its sums: the score epilogues of amx::scores, or O = c O + C.
-enum class Mode { max, store, grad, add };
+// grad_rounded: grad's values rounded to bf16 and stored as the A of accumulate() (R), not as f32.
+enum class Mode { max, store, grad, grad_rounded, add };
 struct Out {  // what the mode reads and writes (the mode itself is the blocks' template argument)
   float* S;  // the scores, or O
   Index lds;
@@ -16,6 +17,8 @@ struct Out {  // what the mode reads and writes (the mode itself is the blocks' 
   const float* delta = nullptr;
   float* rmax = nullptr;
   const float* c = nullptr;  // add: the per-row scale of O (null: 1)
+  std::uint16_t* R = nullptr;  // grad_rounded: row i's column j at R + i ldr + j (the lead added)
+  Index ldr = 0;
 };
 }  // namespace
 }  // namespace ringattn::core::bf16dot
@@ -74,6 +77,19 @@ struct Out {  // what the mode reads and writes (the mode itself is the blocks' 
     else                                                                                                \
       sweep<Mode::grad>(o, A, n, Dp, B, ldk, tk);                                                       \
   }                                                                                                     \
+  void grad_rounded(const std::uint16_t* A, Index n, const std::uint16_t* B, Index ldk, Index tk,       \
+                    Index Dp, float alpha, const float* P, Index ldp, const float* delta, Index lead,   \
+                    std::uint16_t* dS) {                                                                \
+    const Index Kp = amx::padded_depth(lead + tk);                                                      \
+    Out o{nullptr, ldp, alpha, P, delta, nullptr, nullptr, dS + lead, Kp};                              \
+    sweep<Mode::grad_rounded>(o, A, n, Dp, B, ldk, tk);                                                 \
+    for (Index i = 0; i < n; ++i) { /* the lead, and zeros from the last key to Kp */                   \
+      std::uint16_t* a = dS + i * Kp;                                                                   \
+      a[0] = lead ? 0 : a[0];                                                                           \
+      for (Index t = lead + tk; t < Kp; ++t) a[t] = 0;                                                  \
+    }                                                                                                   \
+    memset(dS + n * Kp, 0, sizeof(std::uint16_t) * amx::kTileRows * Kp);                                \
+  }                                                                                                     \
   void accumulate(const std::uint16_t* A, Index n, Index Kp, const std::uint16_t* B, Index ldc,         \
                   Index D, float* O, Index ldo, const float* c) {                                       \
     sweep<Mode::add>(Out{O, ldo, 1.0f, nullptr, nullptr, nullptr, c}, A, n, Kp, B, ldc, D);             \
@@ -131,7 +147,7 @@ void block(const Out& o, const std::uint16_t* A, Index depth, const std::uint16_
 #pragma GCC unroll 8
   for (int r = 0; r < MR; ++r) {
     const Index i = i0 + r;
-    float* const s = S + i * lds + j0;
+    float* const s = M == Mode::grad_rounded ? nullptr : S + i * lds + j0;
     __m512 vmax = ninf;
     // add: row i's scale of O, read once (the stores to O could alias it)
     [[maybe_unused]] const __m512 ci = _mm512_set1_ps(M == Mode::add && o.c ? o.c[i] : 1.0f);
@@ -140,10 +156,17 @@ void block(const Out& o, const std::uint16_t* A, Index depth, const std::uint16_
       float* const sv = s + kLanes * v;
       if constexpr (M == Mode::add) {
         _mm512_mask_storeu_ps(sv, keep[v], _mm512_fmadd_ps(ci, _mm512_maskz_loadu_ps(keep[v], sv), c[r][v]));
-      } else if constexpr (M == Mode::grad) {
+      } else if constexpr (M == Mode::grad || M == Mode::grad_rounded) {
         const __m512 p = _mm512_maskz_loadu_ps(keep[v], o.P + i * lds + j0 + kLanes * v);
         const __m512 dp = _mm512_sub_ps(c[r][v], _mm512_set1_ps(o.delta[i]));
-        _mm512_mask_storeu_ps(sv, keep[v], _mm512_mul_ps(_mm512_mul_ps(va, p), dp));
+        const __m512 ds = _mm512_mul_ps(_mm512_mul_ps(va, p), dp);
+        if constexpr (M == Mode::grad) {
+          _mm512_mask_storeu_ps(sv, keep[v], ds);
+        } else {  // whole vectors, zeros past the columns: the last may write one zero into the
+                  // next row's lead (or the zero rows after the last), as pack_rounded_rows does
+          const __m256bh b = _mm512_cvtneps_pbh(_mm512_maskz_mov_ps(keep[v], ds));
+          _mm256_storeu_si256(reinterpret_cast<__m256i*>(o.R + i * o.ldr + j0 + kLanes * v), (__m256i)b);
+        }
       } else {
         const __m512 x = _mm512_mul_ps(va, c[r][v]);
         _mm512_mask_storeu_ps(sv, keep[v], x);
@@ -180,6 +203,15 @@ constexpr int kRows = 4, kVecs = 4;  // 16 accumulators, 4 A and 4 B vectors of 
 
 inline Index least(Index a, Index b) { return a < b ? a : b; }
 
+// f32 to the bits of the nearest bf16 (ties to even), NaN kept (quiet), overflow to inf: as the
+// rounding packers of this build (amx_tiles.cpp) round.
+inline std::uint16_t round_bf16(float x) {
+  std::uint32_t u;
+  memcpy(&u, &x, sizeof u);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<std::uint16_t>((u >> 16) | 0x40u);
+  return static_cast<std::uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
 template <Mode M, int MR, int NV>
 void block(const Out& o, const std::uint16_t* A, Index depth, const std::uint16_t* B, Index ldb, Index cols,
            Index i0, Index j0) {
@@ -212,12 +244,14 @@ void block(const Out& o, const std::uint16_t* A, Index depth, const std::uint16_
       const Index j = j0 + kLanes * v, left = least(kLanes, cols - kLanes * v);
       float x[4];
       vst1q_f32(x, c[r][v]);
-      float* s = o.S + i * o.lds + j;
+      float* s = M == Mode::grad_rounded ? nullptr : o.S + i * o.lds + j;
       for (Index t = 0; t < left; ++t) {
         if constexpr (M == Mode::add) {
           s[t] = __builtin_fmaf(o.c ? o.c[i] : 1.0f, s[t], x[t]);
         } else if constexpr (M == Mode::grad) {
           s[t] = o.alpha * o.P[i * o.lds + j + t] * (x[t] - o.delta[i]);
+        } else if constexpr (M == Mode::grad_rounded) {
+          o.R[i * o.ldr + j + t] = round_bf16(o.alpha * o.P[i * o.lds + j + t] * (x[t] - o.delta[i]));
         } else {
           s[t] = o.alpha * x[t];
           if constexpr (M == Mode::max) m = s[t] > m ? s[t] : m;
@@ -242,6 +276,8 @@ namespace ringattn::core::bf16dot {
 bool compiled() { return false; }
 void scores(amx::Epilogue, const std::uint16_t*, Index, const std::uint16_t*, Index, Index, Index, float*, Index, float,
             const float*, const float*, float*) {}
+void grad_rounded(const std::uint16_t*, Index, const std::uint16_t*, Index, Index, Index, float, const float*, Index,
+                  const float*, Index, std::uint16_t*) {}
 void accumulate(const std::uint16_t*, Index, Index, const std::uint16_t*, Index, Index, float*, Index, const float*) {}
 }  // namespace ringattn::core::bf16dot
 

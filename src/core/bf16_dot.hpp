@@ -39,6 +39,12 @@ bool compiled();
 // As amx::scores: C = A B^T over Dp for n rows and tk keys, then the epilogue per element of S.
 void scores(amx::Epilogue e, const std::uint16_t* A, Index n, const std::uint16_t* B, Index ldk, Index tk, Index Dp,
             float* S, Index lds, float alpha, const float* P, const float* delta, float* rmax);
+// scores(Epilogue::grad) for a product whose dS is used only rounded to bf16 (Precision::bf16): dS
+// is not stored as f32 but rounded (as amx::pack_rounded_rows rounds) into A in that packer's
+// layout with `lead`, ready for accumulate(): row i = `lead` zeros, dS's row i, zeros to
+// Kp = amx::padded_depth(lead + tk), then amx::kTileRows zero rows. P has row stride ldp.
+void grad_rounded(const std::uint16_t* A, Index n, const std::uint16_t* B, Index ldk, Index tk, Index Dp, float alpha,
+                  const float* P, Index ldp, const float* delta, Index lead, std::uint16_t* dS);
 // As amx::accumulate: O = c O + A B over Kp for n rows of A and D columns (A [n, Kp] rounded rows,
 // B pairs of consecutive rows of V, K, dO or Q [*, 2 ldc]); reads no row past n and no column past
 // D rounded up to 16 (x86) or 4 (Arm).

@@ -131,17 +131,43 @@ bool rounds_to_bf16(const Workspace<A>& ws) {
 // O = c O + X B on the engine (Precision::bf16) for the f32 tile X [n, depth] (row stride ldx; kTrans:
 // X^T, [depth, n] read down its columns) rounded to bf16 into A (`packed`), and the packed pairs of
 // rows B from row `b0` of the depth on (the pair of b0's row when it is odd: A then leads with a zero).
+// O = c O + A B on the engine for A already packed (n rows of depth values, `lead` = b0 & 1) and the
+// packed pairs of rows B from row b0 of the depth on.
+template <class A>
+void tile_product(Bf16Engine engine, const std::uint16_t* packed, Index n, Index depth, const std::uint16_t* B,
+                  Index b0, Index ldc, Index D, A* O, const Same<A>* c) {
+  if constexpr (std::is_same_v<A, float>) {
+    const Index lead = b0 & 1, Kp = amx::padded_depth(lead + depth);
+    auto* product = engine == Bf16Engine::dot ? &bf16dot::accumulate : &amx::accumulate;
+    product(packed, n, Kp, B + (b0 - lead) * ldc, ldc, D, O, D, c);
+  }
+}
+
 template <bool kTrans, class A>
 void tile_accumulate(Bf16Engine engine, const A* X, Index n, Index depth, Index ldx, std::uint16_t* packed,
                      const std::uint16_t* B, Index b0, Index ldc, Index D, A* O, const Same<A>* c) {
   if constexpr (std::is_same_v<A, float>) {
-    const Index lead = b0 & 1, Kp = amx::padded_depth(lead + depth);
     if (kTrans)
-      amx::pack_rounded_cols(X, depth, n, ldx, lead, packed);
+      amx::pack_rounded_cols(X, depth, n, ldx, b0 & 1, packed);
     else
-      amx::pack_rounded_rows(X, n, depth, ldx, lead, packed);
-    auto* product = engine == Bf16Engine::dot ? &bf16dot::accumulate : &amx::accumulate;
-    product(packed, n, Kp, B + (b0 - lead) * ldc, ldc, D, O, D, c);
+      amx::pack_rounded_rows(X, n, depth, ldx, b0 & 1, packed);
+    tile_product(engine, packed, n, depth, B, b0, ldc, D, O, c);
+  }
+}
+
+// The backward's dS of a piece (rows from chunk row i0, keys from tile key k0) on the dot products,
+// rounded to bf16 as it is formed, then dQ += dS K and dK += dS^T Q: dS goes to ws.pb packed as the
+// A of dQ's product and is transposed from there for dK's (Precision::bf16; never stored as f32).
+template <class A>
+void tile_grad_rounded(const Workspace<A>& ws, std::uint16_t* pb, std::uint16_t* pbt, Index i0, Index k0, Index n,
+                       Index tk, const Same<A>* P, Index ldp, A scale, const Same<A>* delta, A* dq, A* dk) {
+  if constexpr (std::is_same_v<A, float>) {
+    const Index Dp = amx::padded_depth(ws.D), lk = k0 & 1;
+    bf16dot::grad_rounded(ws.dob.data() + i0 * Dp, n, ws.vb.data() + 2 * k0, ws.ldk, tk, Dp, scale, P, ldp, delta, lk,
+                          pb);
+    tile_product(Bf16Engine::dot, pb, n, tk, ws.kpb.data(), k0, ws.ldc, ws.D, dq, nullptr);
+    amx::pack_cols_of_rows(pb, n, tk, amx::padded_depth(lk + tk), lk, i0 & 1, pbt);
+    tile_product(Bf16Engine::dot, pbt, tk, n, ws.qpb.data(), i0, ws.ldc, ws.D, dk, nullptr);
   }
 }
 
@@ -371,7 +397,14 @@ Work backward_impl(const GradQueryShard<S>& gq, const KVBlock<S>& kv, const Mask
               }
               // in the forward pass this was: s' = c tanh(s / c), so now: dS takes 1 - tanh^2
               if (cap > A(0)) mul_tile(P, dS, n, tk, ld);
-              // sweep 3: dS = scale P o (dO V^T - delta), formed as it is stored
+              // sweep 3: dS = scale P o (dO V^T - delta), formed as it is stored (the dot products with
+              // Precision::bf16: rounded as it is formed, and sweep 4 with it)
+              if (acc_tiles && engine == Bf16Engine::dot) {
+                tile_grad_rounded(ws, ws.pb.data(), ws.pbt.data(), i0, k0, n, tk, P, ld, scale, gq.delta + ro + p.r0,
+                                  gq.dq + qo + p.r0 * D, dk + ko + p.c0 * D);
+                work.flops += 10.0 * double(n) * double(tk) * double(D);
+                return;
+              }
               if (dp_tiles)
                 tile_scores(engine, amx::Epilogue::grad, ws, ws.dob.data(), i0, ws.vb.data(), k0, n, tk, dS, ld, scale, P,
                             gq.delta + ro + p.r0, nullptr);

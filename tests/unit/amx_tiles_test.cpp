@@ -252,6 +252,17 @@ TEST(AmxTiles, RoundingPackersMatchTheirLayout) {
             ASSERT_EQ(A[i * Kp + k], want) << "row " << i << ", element " << k;
           }
         for (Index e = size; e < size + 64; ++e) ASSERT_EQ(A[e], 0xABCD) << "written past the zero rows";
+        if (!trans) continue;
+        // the transpose of a tile already packed by rows (the backward's dS for dK) is the same
+        for (const Index xlead : {0, 1}) {
+          SCOPED_TRACE(testing::Message() << "from rows packed with lead " << xlead);
+          const Index Kx = amx::padded_depth(xlead + c.n);
+          std::vector<std::uint16_t> R((c.depth + amx::kTileRows) * Kx), T(size + 64, 0xABCD);
+          amx::pack_rounded_rows(X.data(), c.depth, c.n, ldx, xlead, R.data());
+          std::fill(T.begin(), T.begin() + size, 0x7777);  // what a previous piece left
+          amx::pack_cols_of_rows(R.data(), c.depth, c.n, Kx, xlead, lead, T.data());
+          for (Index e = 0; e < size + 64; ++e) ASSERT_EQ(T[e], A[e]) << "row " << e / Kp << ", element " << e % Kp;
+        }
       }
     }
   }

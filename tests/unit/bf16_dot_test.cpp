@@ -98,6 +98,41 @@ TEST(Bf16Dot, ScoresMatchFloat64OnRandomBf16Tiles) {
   }
 }
 
+// grad_rounded (Precision::bf16's dS, rounded as it is formed) against the two steps it replaces:
+// the grad epilogue's f32 dS, then pack_rounded_rows with the same lead; bit for bit, both leads,
+// every remainder of a block's rows and columns, and nothing written past the zero rows.
+TEST(Bf16Dot, RoundedGradIsTheGradEpiloguePackedByRows) {
+  REQUIRE_BF16DOT();
+  std::mt19937 rng(17);
+  for (const Case c : {Case{1, 1, 5, 0, 0}, Case{6, 16, 32, 0, 0}, Case{37, 45, 37, 3, 5}, Case{128, 256, 64, 0, 0},
+                       Case{33, 17, 128, 16, 31}, Case{7, 100, 80, 1, 2}, Case{64, 33, 96, 32, 0}}) {
+    for (const Index lead : {0, 1}) {
+      SCOPED_TRACE(testing::Message() << "n=" << c.n << " tk=" << c.tk << " D=" << c.D << " lead=" << lead);
+      const Index rows = c.i0 + c.n, keys = c.k0 + c.tk, Dp = amx::padded_depth(c.D), ldk = amx::packed_keys(keys);
+      const std::vector<std::uint16_t> dO = random_bf16(rows * c.D, rng), V = random_bf16(keys * c.D, rng);
+      std::vector<std::uint16_t> A((rows + amx::kTileRows) * Dp), B(Dp * ldk);
+      amx::pack_rows(dO.data(), rows, c.D, A.data());
+      amx::pack_pairs(V.data(), keys, c.D, ldk, B.data());
+      const Index ldp = c.tk + 7;
+      std::vector<float> P(c.n * ldp), delta(c.n), G(c.n * ldp);
+      std::uniform_real_distribution<float> ud(0.f, 1.f);
+      for (auto& p : P) p = ud(rng);
+      for (auto& d : delta) d = ud(rng) - 0.5f;
+      const std::uint16_t* a = A.data() + c.i0 * Dp;
+      const std::uint16_t* b = B.data() + 2 * c.k0;
+      bf16dot::scores(amx::Epilogue::grad, a, c.n, b, ldk, c.tk, Dp, G.data(), ldp, 0.3f, P.data(), delta.data(),
+                      nullptr);
+      const Index Kp = amx::padded_depth(lead + c.tk), size = (c.n + amx::kTileRows) * Kp;
+      std::vector<std::uint16_t> want(size), got(size + 64, 0xABCD);
+      amx::pack_rounded_rows(G.data(), c.n, c.tk, ldp, lead, want.data());
+      std::fill(got.begin(), got.begin() + size, 0x7777);  // what a previous piece left
+      bf16dot::grad_rounded(a, c.n, b, ldk, c.tk, Dp, 0.3f, P.data(), ldp, delta.data(), lead, got.data());
+      for (Index e = 0; e < size; ++e) ASSERT_EQ(got[e], want[e]) << "row " << e / Kp << ", element " << e % Kp;
+      for (Index e = size; e < size + 64; ++e) ASSERT_EQ(got[e], 0xABCD) << "written past the zero rows";
+    }
+  }
+}
+
 // O = c O + A B with B as pairs of consecutive rows of X (the layout of the accumulate products:
 // rounded P or dS against V, K, dO or Q): the float64 sum to f32 rounding, c null or per row, and
 // nothing written past D or past n.
