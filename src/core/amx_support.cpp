@@ -1,5 +1,6 @@
 // What amx_tiles.hpp needs besides the tile instructions, in portable code: whether the CPU, the
-// OS and the build allow AMX and the user wants it, and the packing of bf16 operands.
+// OS and the build allow AMX and the user wants it, and the packing of Q's and dO's rows (the
+// other packers are in amx_tiles.cpp).
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
@@ -73,32 +74,6 @@ void pack_rows(const std::uint16_t* X, Index n, Index D, std::uint16_t* A, Index
     std::memset(A + i * Dp + D, 0, sizeof(std::uint16_t) * (Dp - D));
   }
   std::memset(A + n * Dp, 0, sizeof(std::uint16_t) * pad * Dp);
-}
-
-void pack_pairs(const std::uint16_t* X, Index tk, Index D, Index ldk, std::uint16_t* B) {
-  const Index Dp = padded_depth(D);
-  for (Index kk = 0; kk < Dp / 2; ++kk) {
-    std::uint16_t* row = B + kk * 2 * ldk;
-    const Index d0 = 2 * kk, d1 = 2 * kk + 1;
-    for (Index j = 0; j < tk; ++j) {
-      row[2 * j] = d0 < D ? X[j * D + d0] : std::uint16_t(0);
-      row[2 * j + 1] = d1 < D ? X[j * D + d1] : std::uint16_t(0);
-    }
-    std::memset(row + 2 * tk, 0, sizeof(std::uint16_t) * 2 * (ldk - tk));
-  }
-}
-
-void pack_row_pairs(const std::uint16_t* X, Index n, Index D, Index ldc, std::uint16_t* B) {
-  const Index pairs = row_pairs(n);
-  for (Index kk = 0; kk < pairs; ++kk) {
-    std::uint16_t* row = B + kk * 2 * ldc;
-    std::memset(row, 0, sizeof(std::uint16_t) * 2 * ldc);
-    for (Index t = 0; t < 2; ++t) {
-      const Index r = 2 * kk + t;
-      if (r >= n) break;
-      for (Index d = 0; d < D; ++d) row[2 * d + t] = X[r * D + d];
-    }
-  }
 }
 
 }  // namespace ringattn::core::amx

@@ -182,6 +182,66 @@ void pack_rounded_cols(const float* P, Index depth, Index m, Index ldp, Index le
   memset(A + m * Kp, 0, sizeof(std::uint16_t) * kTileRows * Kp);
 }
 
+// B from keys: pairs of depth are 32-bit values, so B is X's transpose as 32-bit values, 16 x 16
+// blocks at a time (an odd D, whose last pair would take the next key's first value, is copied one
+// value at a time). Keys past tk load as zeros; zeros from the last block of keys to ldk, and for
+// the pairs past D.
+void pack_pairs(const std::uint16_t* X, Index tk, Index D, Index ldk, std::uint16_t* B) {
+  const Index Dp = padded_depth(D), pairs = (D + 1) / 2, end = (tk + 15) / 16 * 16;
+  if (D % 2) {
+    for (Index kk = 0; kk < Dp / 2; ++kk) {
+      std::uint16_t* row = B + kk * 2 * ldk;
+      const Index d0 = 2 * kk, d1 = 2 * kk + 1;
+      for (Index j = 0; j < tk; ++j) {
+        row[2 * j] = d0 < D ? X[j * D + d0] : std::uint16_t(0);
+        row[2 * j + 1] = d1 < D ? X[j * D + d1] : std::uint16_t(0);
+      }
+      memset(row + 2 * tk, 0, sizeof(std::uint16_t) * 2 * (ldk - tk));
+    }
+    return;
+  }
+  for (Index k0 = 0; k0 < pairs; k0 += 16) {
+    const __mmask16 keep = first(pairs - k0);
+    for (Index j0 = 0; j0 < tk; j0 += 16) {
+      __m512 r[16];
+#pragma GCC unroll 16
+      for (int t = 0; t < 16; ++t)
+        r[t] = j0 + t < tk ? _mm512_castsi512_ps(_mm512_maskz_loadu_epi32(keep, X + (j0 + t) * D + 2 * k0))
+                           : _mm512_setzero_ps();
+      transpose16(r);
+#pragma GCC unroll 16
+      for (int c = 0; c < 16; ++c)
+        if (k0 + c < pairs) _mm512_storeu_ps(B + (k0 + c) * 2 * ldk + 2 * j0, r[c]);
+    }
+  }
+  for (Index kk = 0; kk < pairs; ++kk) zero_tail(B + kk * 2 * ldk, 2 * end, 2 * ldk);
+  memset(B + pairs * 2 * ldk, 0, sizeof(std::uint16_t) * 2 * ldk * (Dp / 2 - pairs));
+}
+
+// B from rows: row kk interleaves X's rows 2 kk and 2 kk + 1, 16 values of each widened to the
+// 32-bit pairs (value of 2 kk, value of 2 kk + 1). A row's last values, fewer than 16, go through a
+// small buffer, so that nothing is read past X.
+void pack_row_pairs(const std::uint16_t* X, Index n, Index D, Index ldc, std::uint16_t* B) {
+  const Index pairs = row_pairs(n), end = (D + 15) / 16 * 16;
+  auto load = [&](Index r, Index d0) {
+    if (r >= n) return _mm512_setzero_si512();
+    if (d0 + 16 <= D) return _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(X + r * D + d0)));
+    alignas(32) std::uint16_t tail[16] = {};
+    memcpy(tail, X + r * D + d0, sizeof(std::uint16_t) * (D - d0));
+    return _mm512_cvtepu16_epi32(_mm256_load_si256(reinterpret_cast<const __m256i*>(tail)));
+  };
+  for (Index kk = 0; kk < pairs; ++kk) {
+    std::uint16_t* row = B + kk * 2 * ldc;
+    if (2 * kk >= n) {
+      memset(row, 0, sizeof(std::uint16_t) * 2 * ldc);
+      continue;
+    }
+    for (Index d0 = 0; d0 < D; d0 += 16)
+      _mm512_storeu_si512(row + 2 * d0, _mm512_or_si512(load(2 * kk, d0), _mm512_slli_epi32(load(2 * kk + 1, d0), 16)));
+    zero_tail(row, 2 * end, 2 * ldc);
+  }
+}
+
 // The same transpose for bf16 values: 16 x 16 blocks widened to the f32 bits they stand for,
 // transposed as f32, and narrowed back to their high halves (exactly the values read).
 void pack_cols_of_rows(const std::uint16_t* X, Index n, Index m, Index Kx, Index xlead, Index lead, std::uint16_t* A) {
@@ -330,6 +390,32 @@ void pack_cols_of_rows(const std::uint16_t* X, Index n, Index m, Index Kx, Index
     for (Index i = lead + n; i < Kp; ++i) a[i] = 0;
   }
   memset(A + m * Kp, 0, sizeof(std::uint16_t) * kTileRows * Kp);
+}
+
+void pack_pairs(const std::uint16_t* X, Index tk, Index D, Index ldk, std::uint16_t* B) {
+  const Index Dp = padded_depth(D);
+  for (Index kk = 0; kk < Dp / 2; ++kk) {
+    std::uint16_t* row = B + kk * 2 * ldk;
+    const Index d0 = 2 * kk, d1 = 2 * kk + 1;
+    for (Index j = 0; j < tk; ++j) {
+      row[2 * j] = d0 < D ? X[j * D + d0] : std::uint16_t(0);
+      row[2 * j + 1] = d1 < D ? X[j * D + d1] : std::uint16_t(0);
+    }
+    memset(row + 2 * tk, 0, sizeof(std::uint16_t) * 2 * (ldk - tk));
+  }
+}
+
+void pack_row_pairs(const std::uint16_t* X, Index n, Index D, Index ldc, std::uint16_t* B) {
+  const Index pairs = row_pairs(n);
+  for (Index kk = 0; kk < pairs; ++kk) {
+    std::uint16_t* row = B + kk * 2 * ldc;
+    memset(row, 0, sizeof(std::uint16_t) * 2 * ldc);
+    for (Index t = 0; t < 2; ++t) {
+      const Index r = 2 * kk + t;
+      if (r >= n) break;
+      for (Index d = 0; d < D; ++d) row[2 * d + t] = X[r * D + d];
+    }
+  }
 }
 
 bool compiled() { return false; }

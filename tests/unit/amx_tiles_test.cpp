@@ -268,6 +268,48 @@ TEST(AmxTiles, RoundingPackersMatchTheirLayout) {
   }
 }
 
+// The packers of the bf16 keys (pairs of depth: K for S, V for dP) and of the accumulates' B (pairs
+// of rows: V, K, dO, Q), bit for bit against the layout amx_tiles.hpp states, with sentinels where
+// a previous tile left values and past the end: even and odd D, every remainder of 16 keys, rows
+// and pairs. They run with AMX or with the dot products, so wherever either does.
+TEST(AmxTiles, PairPackersMatchTheirLayout) {
+  if (!amx::available() && !bf16dot::available()) GTEST_SKIP() << "no AMX-BF16 and no bf16 dot products here";
+  std::mt19937 rng(5);
+  std::uniform_int_distribution<int> bits(0, 0xFFFF);
+  for (const Index D : {1, 5, 16, 32, 37, 64, 80, 128, 130})
+    for (const Index n : {1, 2, 15, 16, 17, 33, 100, 256}) {
+      SCOPED_TRACE(testing::Message() << "D=" << D << " n=" << n);
+      std::vector<std::uint16_t> X(n * D);
+      for (auto& x : X) x = static_cast<std::uint16_t>(bits(rng));
+      // pairs of depth: B[kk][2 j + t] = X[j][2 kk + t], zero past D and from n to ldk
+      const Index Dp = amx::padded_depth(D), ldk = amx::packed_keys(n + 3), size = Dp / 2 * 2 * ldk;
+      std::vector<std::uint16_t> B(size + 64, 0x7777);
+      std::fill(B.begin() + size, B.end(), 0xABCD);
+      amx::pack_pairs(X.data(), n, D, ldk, B.data());
+      for (Index kk = 0; kk < Dp / 2; ++kk)
+        for (Index j = 0; j < ldk; ++j)
+          for (Index t = 0; t < 2; ++t) {
+            const Index d = 2 * kk + t;
+            const std::uint16_t want = j < n && d < D ? X[j * D + d] : 0;
+            ASSERT_EQ(B[kk * 2 * ldk + 2 * j + t], want) << "pairs of depth: pair " << kk << ", key " << j;
+          }
+      for (Index e = size; e < size + 64; ++e) ASSERT_EQ(B[e], 0xABCD) << "pairs of depth: written past the end";
+      // pairs of rows: R[kk][2 d + t] = X[2 kk + t][d], zero past D (to ldc) and past n
+      const Index ldc = amx::packed_keys(D), rsize = amx::row_pairs(n) * 2 * ldc;
+      std::vector<std::uint16_t> R(rsize + 64, 0x7777);
+      std::fill(R.begin() + rsize, R.end(), 0xABCD);
+      amx::pack_row_pairs(X.data(), n, D, ldc, R.data());
+      for (Index kk = 0; kk < amx::row_pairs(n); ++kk)
+        for (Index d = 0; d < ldc; ++d)
+          for (Index t = 0; t < 2; ++t) {
+            const Index r = 2 * kk + t;
+            const std::uint16_t want = r < n && d < D ? X[r * D + d] : 0;
+            ASSERT_EQ(R[kk * 2 * ldc + 2 * d + t], want) << "pairs of rows: pair " << kk << ", column " << d;
+          }
+      for (Index e = rsize; e < rsize + 64; ++e) ASSERT_EQ(R[e], 0xABCD) << "pairs of rows: written past the end";
+    }
+}
+
 // The accumulate products of Precision::bf16 (amx::accumulate) on random tiles, against float64:
 // O = c O + round(X) B with X an f32 tile (or its transpose) rounded to bf16 by the packing, B packed
 // as pairs of rows, the depth starting at an even or an odd row of B (lead), every remainder of the
