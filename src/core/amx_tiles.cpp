@@ -200,9 +200,13 @@ void pack_pairs(const std::uint16_t* X, Index tk, Index D, Index ldk, std::uint1
     }
     return;
   }
-  for (Index k0 = 0; k0 < pairs; k0 += 16) {
-    const __mmask16 keep = first(pairs - k0);
-    for (Index j0 = 0; j0 < tk; j0 += 16) {
+  for (Index j0 = 0; j0 < tk; j0 += 16) {  // 16 keys' rows read whole, one after the other
+    // the next 16 keys' rows asked for now: the keys come from memory, once per chunk of rows
+    const char* next = reinterpret_cast<const char*>(X + (j0 + 16) * D);
+    const Index ahead = (j0 + 32 <= tk ? 16 : tk > j0 + 16 ? tk - j0 - 16 : 0) * D * 2;
+    for (Index b = 0; b < ahead; b += 64) _mm_prefetch(next + b, _MM_HINT_T0);
+    for (Index k0 = 0; k0 < pairs; k0 += 16) {
+      const __mmask16 keep = first(pairs - k0);
       __m512 r[16];
 #pragma GCC unroll 16
       for (int t = 0; t < 16; ++t)
