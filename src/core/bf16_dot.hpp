@@ -35,6 +35,10 @@ const char* instruction();
 // What the value of RINGATTN_BF16DOT asks for (see enabled()).
 int requested(const char* env_value);  // -1: unset or empty (automatic), 0: off, 1: on
 bool compiled();
+// This core's rate on the instruction, in GFLOP/s as the products count them (two flops per bf16
+// product): sixteen independent chains for about `seconds`, the best window of about 2 ms; 0 when
+// the path is not available(). The peak the bf16 products are measured against.
+double peak(double seconds);
 
 // As amx::scores: C = A B^T over Dp for n rows and tk keys, then the epilogue per element of S.
 void scores(amx::Epilogue e, const std::uint16_t* A, Index n, const std::uint16_t* B, Index ldk, Index tk, Index Dp,

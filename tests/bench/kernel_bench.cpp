@@ -16,11 +16,14 @@
 // computes one rank's queries against one block as `ringattn run --seq S` does at N=1: S queries x
 // S keys x H heads (HKV = H), unmasked unless --causal. Flops as FlashAttention counts them: forward
 // 4 S^2 H D, backward 2.5x that (halved work under --causal).
-// bf16 stores Q, K, V, dO in bf16 and computes in f32: its score products run on AMX tiles when
-// the kernels use them (the dtype column says bf16+AMX; RINGATTN_AMX=0 turns them off), and its
-// rates are set against the f32 FMA peak. --precision bf16 (needs bf16 among --dtypes; the other
-// dtypes stay f32) rounds bf16's P and dS to bf16 before their products (core::Precision::bf16),
-// which then run on AMX tiles too: the dtype column says bf16r (bf16r+AMX).
+// bf16 stores Q, K, V, dO in bf16 and computes in f32: its score products run on AMX tiles or a
+// bf16 dot-product instruction when the kernels use them (the dtype column says bf16+AMX,
+// bf16+VDPBF16PS or bf16+BFDOT; RINGATTN_AMX=0 and RINGATTN_BF16DOT=0 turn them off), and its
+// rates are set against the f32 FMA peak; on a dot-product instruction also against that
+// instruction's peak, measured before each pass of each repetition (the last two columns, "f dot"
+// and "b dot"). --precision bf16 (needs bf16 among --dtypes; the other dtypes stay f32) rounds
+// bf16's P and dS to bf16 before their products (core::Precision::bf16), which then run there
+// too: the dtype column says bf16r (bf16r+AMX, bf16r+VDPBF16PS).
 // --pieces prints instead the passes of one forward piece undisturbed (see print_pieces).
 #include <fmt/format.h>
 
@@ -72,7 +75,14 @@ struct Rates {
   double fwd = 0, bwd = 0, fwd_peak = 0, bwd_peak = 0, fwd_ratio = 0, bwd_ratio = 0;
   double fwd_best = 0, bwd_best = 0;  // the best repetition's rate over the best peak
   double fwd_sust = 0, bwd_sust = 0;  // the ratio to the rate the FMA chains sustain right after
+  double fwd_dot = 0, bwd_dot = 0;    // bf16 on a dot-product instruction: the ratio to its peak
 };
+
+// Whether bf16's products run on a dot-product instruction now (whose peak the rates then face too).
+bool bf16_on_dot() {
+  const std::string k = simd::kernels(DType::bf16);
+  return k.find("+VDPBF16PS") != std::string::npos || k.find("+BFDOT") != std::string::npos;
+}
 
 template <class S_>
 Rates measure(Index S, Index H, Index D, bool causal, int reps, const Tiling& tiling, bool forward_only) {
@@ -90,8 +100,10 @@ Rates measure(Index S, Index H, Index D, bool causal, int reps, const Tiling& ti
   const KVBlock<S_> kv{pk, pos, k.data(), v.data()};
   const T scale = T(1.0 / std::sqrt(double(D)));
   const DType dt = sizeof(T) == 8 ? DType::f64 : DType::f32;
-  std::vector<double> fr, br, fp, bp, fq, bq, fs, bs;
+  std::vector<double> fr, br, fp, bp, fq, bq, fs, bs, fd, bd;
+  const bool dot = std::is_same_v<S_, bf16> && bf16_on_dot();
   for (int r = 0; r < reps; ++r) {
+    const double dot_f = dot ? simd::bf16_dot_peak(0.2) : 0;
     const double peak_f = simd::fma_peak(dt, 0.2);
     OnlineState<T> st{m.data(), l.data(), acc.data()};
     init_online_state(pq, st);
@@ -108,7 +120,9 @@ Rates measure(Index S, Index H, Index D, bool causal, int reps, const Tiling& ti
     fp.push_back(peak_f);
     fq.push_back(wf.flops / tf / peak_f);
     fs.push_back(wf.flops / tf / sust_f);
+    if (dot) fd.push_back(wf.flops / tf / dot_f);
     if (forward_only) continue;
+    const double dot_b = dot ? simd::bf16_dot_peak(0.2) : 0;
     const double peak_b = simd::fma_peak(dt, 0.2);
     t0 = now();
     const Work wb = block_backward(GradQueryShard<S_>{qs, dout.data(), m.data(), l.data(), delta.data(), dq.data()}, kv,
@@ -119,6 +133,7 @@ Rates measure(Index S, Index H, Index D, bool causal, int reps, const Tiling& ti
     bp.push_back(peak_b);
     bq.push_back(wb.flops / tb / peak_b);
     bs.push_back(wb.flops / tb / sust_b);
+    if (dot) bd.push_back(wb.flops / tb / dot_b);
   }
   // Noise from other tenants only slows a repetition, the kernel and the peak alike, so the best
   // repetition's kernel rate over the best peak is what the kernel does undisturbed (the best of the
@@ -126,9 +141,12 @@ Rates measure(Index S, Index H, Index D, bool causal, int reps, const Tiling& ti
   auto best = [](const std::vector<double>& x) { return x.empty() ? 0.0 : *std::max_element(x.begin(), x.end()); };
   auto ratio = [](double a, double b) { return b > 0 ? a / b : 0.0; };
   const double fwd_best = ratio(best(fr), best(fp)), bwd_best = ratio(best(br), best(bp));
-  if (g_best) return {best(fr), best(br), best(fp), best(bp), fwd_best, bwd_best, fwd_best, bwd_best, best(fs), best(bs)};
+  auto med = [](const std::vector<double>& x) { return x.empty() ? 0.0 : median(x); };
+  if (g_best)
+    return {best(fr), best(br), best(fp), best(bp), fwd_best, bwd_best, fwd_best, bwd_best, best(fs), best(bs),
+            best(fd), best(bd)};
   return {median(fr), median(br), median(fp), median(bp), median(fq), median(bq), fwd_best, bwd_best, median(fs),
-          median(bs)};
+          median(bs), med(fd), med(bd)};
 }
 
 // Runs the kernels on target t; false (the reason printed) when this build or CPU has no such target.
@@ -148,6 +166,25 @@ bool select_target(const std::string& t) {
 // what the kernels themselves reach, and where the forward's time goes. Its last column, the median
 // piece, is what they typically reach on the machine as it is: on the same operands, the gap between
 // it and the best piece comes from what else runs on the machine.
+// bf16 (where the dot-product instruction is available, AMX or not): the same piece's two products
+// on it, over its own peak measured just before and after; exp is f32's exponentials over the two
+// products' time at that peak, piece the three together (the rounding of P is not counted).
+void print_bf16_piece(Index D) {
+  const simd::Bf16ProductTimes b = simd::bf16_product_times(D, 3000);
+  if (b.peak <= 0) {
+    fmt::print("# bf16, D={}: no bf16 dot-product instruction here (its products on AMX are not timed apart)\n", D);
+    return;
+  }
+  const simd::PieceTimes p = simd::piece_times(DType::f32, D, 3000);
+  const double at_peak = b.product_flops / b.peak;
+  const std::string k = simd::kernels(DType::bf16);
+  const std::string dtype = "bf16" + (k.find('+') == std::string::npos ? std::string("+dot") : k.substr(k.find('+')));
+  fmt::print("{:<8} {:>5} {:>4}  {:>8.1f} {:>6.1f}% {:>6.1f}% {:>5.1f}% {:>6.1f}% {:>6} {:>7}\n", simd::current(), dtype,
+             D, b.peak * 1e-9, 100 * at_peak / b.score, 100 * at_peak / b.accumulate, 100 * p.exp / (2 * at_peak),
+             100 * 2 * at_peak / (b.score + p.exp + b.accumulate), "-", "-");
+  std::fflush(stdout);
+}
+
 int print_pieces(const std::vector<std::string>& targets, const std::vector<std::string>& dtypes,
                  const std::vector<std::string>& dims) {
   for (const std::string& t : targets)
@@ -157,13 +194,19 @@ int print_pieces(const std::vector<std::string>& targets, const std::vector<std:
              "# exp: the exponentials' time over the two products' at the peak; start: the K/V tile's (K transposed, "
              "V copied), which a chunk's query tiles share, over the same;\n"
              "# median: the median of the 3000 pieces (three passes together) over the peak, what a whole run "
-             "follows on this machine as it is\n");
+             "follows on this machine as it is;\n"
+             "# bf16: its two products on the bf16 dot-product instruction over that instruction's peak, exp f32's "
+             "over them at that peak\n");
   fmt::print("{:<8} {:>5} {:>4}  {:>8} {:>7} {:>7} {:>6} {:>7} {:>6} {:>7}\n", "target", "dtype", "D", "peak", "score",
              "accum", "exp", "piece", "start", "median");
   for (const std::string& t : targets) {
     simd::select(t);
     for (const std::string& dt : dtypes)
       for (const std::string& d : dims) {
+        if (dt == "bf16") {
+          print_bf16_piece(std::stoll(d));
+          continue;
+        }
         const DType type = dt == "f64" ? DType::f64 : DType::f32;
         const double before = simd::fma_peak(type, 0.2);
         const simd::PieceTimes p = simd::piece_times(type, std::stoll(d), 3000);
@@ -244,9 +287,9 @@ int main(int argc, char** argv) try {
   if (pieces) return print_pieces(run, split(dtypes), split(dims));
   fmt::print("# one core; FMA peak measured before every repetition; medians of {} repetitions{}{}\n", reps,
              causal ? "; causal" : "", g_softcap > 0 ? fmt::format("; softcap {:g}", g_softcap) : "");
-  fmt::print("{:<8} {:>15} {:>6} {:>4} {:>4}  {:>9} {:>8} {:>7} {:>6} {:>6}  {:>9} {:>8} {:>7} {:>6} {:>6}\n", "target",
-             "dtype", "S", "H", "D", "fwd GF/s", "peak", "% peak", "best", "% sust", "bwd GF/s", "peak", "% peak", "best",
-             "% sust");
+  fmt::print("{:<8} {:>15} {:>6} {:>4} {:>4}  {:>9} {:>8} {:>7} {:>6} {:>6}  {:>9} {:>8} {:>7} {:>6} {:>6}  {:>6} {:>6}\n",
+             "target", "dtype", "S", "H", "D", "fwd GF/s", "peak", "% peak", "best", "% sust", "bwd GF/s", "peak",
+             "% peak", "best", "% sust", "f dot", "b dot");
   for (const std::string& t : run) {
     if (!select_target(t)) return 2;
     for (const std::string& dt : split(dtypes))
@@ -261,11 +304,12 @@ int main(int argc, char** argv) try {
             if (g_precision == Precision::bf16) label = "r";
             label += simd::kernels(DType::bf16).substr(simd::current().size());
           }
+          auto dot_pct = [](double x) { return x > 0 ? fmt::format("{:.1f}%", 100 * x) : std::string("-"); };
           fmt::print("{:<8} {:>15} {:>6} {:>4} {:>4}  {:>9.1f} {:>8.1f} {:>6.1f}% {:>5.1f}% {:>5.1f}%  {:>9.1f} {:>8.1f} "
-                     "{:>6.1f}% {:>5.1f}% {:>5.1f}%\n",
+                     "{:>6.1f}% {:>5.1f}% {:>5.1f}%  {:>6} {:>6}\n",
                      simd::current(), dt + label, S, H, D, r.fwd * 1e-9, r.fwd_peak * 1e-9, 100 * r.fwd_ratio,
                      100 * r.fwd_best, 100 * r.fwd_sust, r.bwd * 1e-9, r.bwd_peak * 1e-9, 100 * r.bwd_ratio,
-                     100 * r.bwd_best, 100 * r.bwd_sust);
+                     100 * r.bwd_best, 100 * r.bwd_sust, dot_pct(r.fwd_dot), dot_pct(r.bwd_dot));
           std::fflush(stdout);
         }
   }

@@ -14,6 +14,7 @@
 
 #include "ringattn/core/block_attention.hpp"
 #include "ringattn/core/half.hpp"
+#include "ringattn/core/simd.hpp"
 
 using namespace ringattn::core;
 using Index = std::int64_t;
@@ -130,6 +131,25 @@ TEST(Bf16Dot, RoundedGradIsTheGradEpiloguePackedByRows) {
       for (Index e = 0; e < size; ++e) ASSERT_EQ(got[e], want[e]) << "row " << e / Kp << ", element " << e % Kp;
       for (Index e = size; e < size + 64; ++e) ASSERT_EQ(got[e], 0xABCD) << "written past the zero rows";
     }
+  }
+}
+
+// The benchmarks' timing of the products (kernel_bench --pieces --dtypes bf16): both products timed,
+// the flops of the default tiles, a peak, and zeros where the instruction is not available.
+TEST(Bf16Dot, ProductTimesCoverTheDefaultTiles) {
+  const Tiling t = simd::default_tiling();
+  for (const Index D : {Index(17), Index(64)}) {
+    const simd::Bf16ProductTimes b = simd::bf16_product_times(D, 2);
+    if (!bf16dot::available()) {
+      EXPECT_EQ(b.peak, 0.0);
+      EXPECT_EQ(b.score + b.accumulate + b.product_flops, 0.0);
+      EXPECT_EQ(simd::bf16_dot_peak(0.01), 0.0);
+      continue;
+    }
+    EXPECT_GT(b.score, 0.0);
+    EXPECT_GT(b.accumulate, 0.0);
+    EXPECT_GT(b.peak, 0.0);
+    EXPECT_EQ(b.product_flops, 2.0 * double(t.q_rows) * double(t.k_cols) * double(D));
   }
 }
 

@@ -44,6 +44,18 @@ struct PieceTimes {
 };
 PieceTimes piece_times(DType t, Index head_dim, int reps = 1000);
 
+// The bf16 products of the same piece on the dot-product instruction (vdpbf16ps or BFDOT), where
+// this machine has it: the score product S = Q K^T with its row max and the accumulate
+// O = c O + P V with P rounded to bf16 and packed, each the best of `reps` in seconds, and the
+// instruction's peak in FLOP/s (sixteen chains, the better of two measured just before and after).
+// All zero where the instruction is not available.
+struct Bf16ProductTimes {
+  double score = 0, accumulate = 0, product_flops = 0, peak = 0;
+};
+Bf16ProductTimes bf16_product_times(Index head_dim, int reps = 1000);
+// That instruction's peak alone, in FLOP/s (0 where it is not available).
+double bf16_dot_peak(double seconds = 0.2);
+
 // The current target's default tiles, and the columns its score kernel covers at once.
 Tiling default_tiling();
 Index column_block(std::size_t elem_size);
