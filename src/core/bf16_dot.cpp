@@ -132,6 +132,60 @@ constexpr int kRows = 6, kVecs = 4;  // 24 accumulators, 4 B vectors and a broad
 
 inline Index least(Index a, Index b) { return a < b ? a : b; }
 
+// The epilogue of a block: its sums c for rows i0 .. i0 + MR - 1 and the columns below `cols` from
+// column j0 on; it reads Out once, and its masks are the same for every row. kFull (every block but
+// a tile's last): all 16 NV columns, loaded and stored whole.
+template <Mode M, int MR, int NV, bool kFull>
+inline void epilogue(const Out& o, const __m512 (&c)[MR][NV], Index cols, Index i0, Index j0) {
+  auto load = [](__mmask16 k, const float* p) { return kFull ? _mm512_loadu_ps(p) : _mm512_maskz_loadu_ps(k, p); };
+  auto store = [](float* p, __mmask16 k, __m512 x) {
+    if constexpr (kFull)
+      _mm512_storeu_ps(p, x);
+    else
+      _mm512_mask_storeu_ps(p, k, x);
+  };
+  float* const S = o.S;
+  const Index lds = o.lds;
+  const __m512 va = _mm512_set1_ps(o.alpha), ninf = _mm512_set1_ps(-__builtin_inff());
+  __mmask16 keep[NV];
+#pragma GCC unroll 4
+  for (int v = 0; v < NV; ++v) keep[v] = static_cast<__mmask16>((1u << least(kLanes, cols - kLanes * v)) - 1u);
+#pragma GCC unroll 8
+  for (int r = 0; r < MR; ++r) {
+    const Index i = i0 + r;
+    float* const s = M == Mode::grad_rounded ? nullptr : S + i * lds + j0;
+    __m512 vmax = ninf;
+    // add: row i's scale of O, read once (the stores to O could alias it)
+    [[maybe_unused]] const __m512 ci = _mm512_set1_ps(M == Mode::add && o.c ? o.c[i] : 1.0f);
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; ++v) {
+      float* const sv = s + kLanes * v;
+      if constexpr (M == Mode::add) {
+        store(sv, keep[v], _mm512_fmadd_ps(ci, load(keep[v], sv), c[r][v]));
+      } else if constexpr (M == Mode::grad || M == Mode::grad_rounded) {
+        const __m512 p = load(keep[v], o.P + i * lds + j0 + kLanes * v);
+        const __m512 dp = _mm512_sub_ps(c[r][v], _mm512_set1_ps(o.delta[i]));
+        const __m512 ds = _mm512_mul_ps(_mm512_mul_ps(va, p), dp);
+        if constexpr (M == Mode::grad) {
+          store(sv, keep[v], ds);
+        } else {  // whole vectors, zeros past the columns: the last may write one zero into the
+                  // next row's lead (or the zero rows after the last), as pack_rounded_rows does
+          const __m256bh b = _mm512_cvtneps_pbh(kFull ? ds : _mm512_maskz_mov_ps(keep[v], ds));
+          _mm256_storeu_si256(reinterpret_cast<__m256i*>(o.R + i * o.ldr + j0 + kLanes * v), (__m256i)b);
+        }
+      } else {
+        const __m512 x = _mm512_mul_ps(va, c[r][v]);
+        store(sv, keep[v], x);
+        if constexpr (M == Mode::max) vmax = _mm512_max_ps(vmax, kFull ? x : _mm512_mask_blend_ps(keep[v], ninf, x));
+      }
+    }
+    if constexpr (M == Mode::max) {  // rmax[i] = m when m > rmax[i], without a branch
+      const __m128 m = _mm_set_ss(_mm512_reduce_max_ps(vmax));
+      _mm_store_ss(o.rmax + i, _mm_max_ss(m, _mm_load_ss(o.rmax + i)));
+    }
+  }
+}
+
 // MR rows [0, MR) of A (row stride `depth`) against NV vectors of 16 columns of B (pairs of depth,
 // from column 0 of `B`, row stride 2 ldb) over `depth`, then the epilogue for the columns below
 // `cols` (cols > 16 (NV - 1)). Each lane's sum is one chain over the depth in order, odd depth
@@ -158,47 +212,10 @@ void block(const Out& o, const std::uint16_t* A, Index depth, const std::uint16_
       for (int v = 0; v < NV; ++v) c[r][v] = _mm512_dpbf16_ps(c[r][v], (__m512bh)a, (__m512bh)b[v]);
     }
   }
-  // The epilogue reads Out once, and its masks are the same for every row.
-  float* const S = o.S;
-  const Index lds = o.lds;
-  const __m512 va = _mm512_set1_ps(o.alpha), ninf = _mm512_set1_ps(-__builtin_inff());
-  __mmask16 keep[NV];
-#pragma GCC unroll 4
-  for (int v = 0; v < NV; ++v) keep[v] = static_cast<__mmask16>((1u << least(kLanes, cols - kLanes * v)) - 1u);
-#pragma GCC unroll 8
-  for (int r = 0; r < MR; ++r) {
-    const Index i = i0 + r;
-    float* const s = M == Mode::grad_rounded ? nullptr : S + i * lds + j0;
-    __m512 vmax = ninf;
-    // add: row i's scale of O, read once (the stores to O could alias it)
-    [[maybe_unused]] const __m512 ci = _mm512_set1_ps(M == Mode::add && o.c ? o.c[i] : 1.0f);
-#pragma GCC unroll 4
-    for (int v = 0; v < NV; ++v) {
-      float* const sv = s + kLanes * v;
-      if constexpr (M == Mode::add) {
-        _mm512_mask_storeu_ps(sv, keep[v], _mm512_fmadd_ps(ci, _mm512_maskz_loadu_ps(keep[v], sv), c[r][v]));
-      } else if constexpr (M == Mode::grad || M == Mode::grad_rounded) {
-        const __m512 p = _mm512_maskz_loadu_ps(keep[v], o.P + i * lds + j0 + kLanes * v);
-        const __m512 dp = _mm512_sub_ps(c[r][v], _mm512_set1_ps(o.delta[i]));
-        const __m512 ds = _mm512_mul_ps(_mm512_mul_ps(va, p), dp);
-        if constexpr (M == Mode::grad) {
-          _mm512_mask_storeu_ps(sv, keep[v], ds);
-        } else {  // whole vectors, zeros past the columns: the last may write one zero into the
-                  // next row's lead (or the zero rows after the last), as pack_rounded_rows does
-          const __m256bh b = _mm512_cvtneps_pbh(_mm512_maskz_mov_ps(keep[v], ds));
-          _mm256_storeu_si256(reinterpret_cast<__m256i*>(o.R + i * o.ldr + j0 + kLanes * v), (__m256i)b);
-        }
-      } else {
-        const __m512 x = _mm512_mul_ps(va, c[r][v]);
-        _mm512_mask_storeu_ps(sv, keep[v], x);
-        if constexpr (M == Mode::max) vmax = _mm512_max_ps(vmax, _mm512_mask_blend_ps(keep[v], ninf, x));
-      }
-    }
-    if constexpr (M == Mode::max) {  // rmax[i] = m when m > rmax[i], without a branch
-      const __m128 m = _mm_set_ss(_mm512_reduce_max_ps(vmax));
-      _mm_store_ss(o.rmax + i, _mm_max_ss(m, _mm_load_ss(o.rmax + i)));
-    }
-  }
+  if (cols == kLanes * NV)
+    epilogue<M, MR, NV, true>(o, c, cols, i0, j0);
+  else
+    epilogue<M, MR, NV, false>(o, c, cols, i0, j0);
 }
 
 // Sixteen chains of the instruction over one window (twelve reach only 93% of the rate on AMD
