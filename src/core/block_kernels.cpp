@@ -240,7 +240,10 @@ Work forward_impl(const QueryShard<S>& q, const KVBlock<S>& kv, const Mask& mask
                   cap_tile(Sc, n, tk, lds, cap, static_cast<A*>(nullptr), cls == TileClass::partial ? nullptr : rmax);
                 if (cls == TileClass::partial) {
                   walk::apply_mask(Sc, lds, mask, q.pos, G, kv.pos, p);
-                  for (Index i = 0; i < n; ++i) rmax[i] = *std::max_element(Sc + i * lds, Sc + i * lds + tk);
+                  if (nonfinite)  // NaN scores are ordered as before; nan_rows below settles their rows
+                    for (Index i = 0; i < n; ++i) rmax[i] = *std::max_element(Sc + i * lds, Sc + i * lds + tk);
+                  else
+                    row_max(Sc, n, tk, lds, rmax);
                 }
               } else if (tiles) {
                 tile_scores(engine, amx::Epilogue::max, ws, ws.qb.data(), p.r0 - q0, ws.kb.data(), k0, n, tk, Sc, lds, alpha,

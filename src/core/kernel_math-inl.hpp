@@ -229,6 +229,26 @@ void exp_tile(A* S, Index n, Index tk, Index lds, const A* mref, const A* w, A* 
   }
 }
 
+// rmax[i] = the largest of row i's tk values (row stride lds), for rows of finite or -inf values
+// (the masked scores of a finite head group; a NaN would not be ordered as std::max_element orders it).
+template <class A>
+void row_max(const A* S, Index n, Index tk, Index lds, A* rmax) {
+  const Tag<A> d;
+  const Index N = static_cast<Index>(hn::Lanes(d));
+  const auto ninf = hn::Set(d, -std::numeric_limits<A>::infinity());
+  for (Index i = 0; i < n; ++i) {
+    const A* x = S + i * lds;
+    auto m = ninf;
+    Index j = 0;
+    for (; j + N <= tk; j += N) m = hn::Max(m, hn::LoadU(d, x + j));
+    if (j < tk) {
+      const auto tail = hn::FirstN(d, static_cast<size_t>(tk - j));
+      m = hn::Max(m, hn::IfThenElse(tail, hn::MaskedLoad(tail, d, x + j), ninf));
+    }
+    rmax[i] = hn::GetLane(hn::MaxOfLanes(d, m));
+  }
+}
+
 // Whether any of the n row maxima is NaN or +inf (exp_tile's kNonFinite rows).
 template <class A>
 bool any_nonfinite_max(const A* mref, Index n) {

@@ -53,15 +53,22 @@ void for_each_piece(const Mask& mask, std::span<const Index> qpos, Index G, std:
   }
 }
 
-// Scores of invisible pairs of a partly visible piece become -inf (row stride lds).
+// Scores of invisible pairs of a partly visible piece become -inf (row stride lds). The keys a
+// position sees are an interval of positions (causal: j <= i; a window: i - w < j; documents: i's
+// own), and key positions increase along the piece, so each row sees an interval of its keys: only
+// the invisible keys at either end are tested, one by one from the ends inward, and filled.
 template <class T>
 void apply_mask(T* s, Index lds, const Mask& mask, std::span<const Index> qpos, Index G, std::span<const Index> kpos,
                 const Tile& t) {
+  const std::span<const Index> keys = kpos.subspan(t.c0, t.tk);
   for (Index i = 0; i < t.tq; ++i) {
     const Index qi = qpos[(t.r0 + i) / G];
     T* row = s + i * lds;
-    for (Index j = 0; j < t.tk; ++j)
-      if (!mask.visible(qi, kpos[t.c0 + j])) row[j] = -std::numeric_limits<T>::infinity();
+    Index lo = 0, hi = t.tk;
+    while (lo < hi && !mask.visible(qi, keys[lo])) ++lo;
+    while (hi > lo && !mask.visible(qi, keys[hi - 1])) --hi;
+    std::fill(row, row + lo, -std::numeric_limits<T>::infinity());
+    std::fill(row + hi, row + t.tk, -std::numeric_limits<T>::infinity());
   }
 }
 
