@@ -122,25 +122,77 @@ void copy_rows(const S* src, Index n, Index D, A* dst, Index ldd) {
     for (Index d = 0; d < D; ++d) dst[i * ldd + d] = widen<A>(src[i * D + d]);
 }
 
+#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+// The 16 x 16 block r[i][j] transposed in registers (r[j] then holds what was column j): the same
+// steps as the rounding packers' in amx_tiles.cpp, which shares no code with the kernels.
+HWY_INLINE void transpose16(__m512 r[16]) {
+  __m512 t[16];
+  for (int i = 0; i < 16; i += 2) {  // per 128-bit lane: a0 b0 a1 b1 and a2 b2 a3 b3
+    t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
+    t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
+  }
+  for (int i = 0; i < 16; i += 4) {  // per lane: column k of rows i .. i + 3 in r[i + k]
+    r[i] = _mm512_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(1, 0, 1, 0));
+    r[i + 1] = _mm512_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(3, 2, 3, 2));
+    r[i + 2] = _mm512_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(1, 0, 1, 0));
+    r[i + 3] = _mm512_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(3, 2, 3, 2));
+  }
+  for (int k = 0; k < 4; ++k) {  // lane L of r[4 g + k] is column 4 L + k of rows 4 g .. 4 g + 3
+    const __m512 ab_lo = _mm512_shuffle_f32x4(r[k], r[4 + k], _MM_SHUFFLE(1, 0, 1, 0));
+    const __m512 ab_hi = _mm512_shuffle_f32x4(r[k], r[4 + k], _MM_SHUFFLE(3, 2, 3, 2));
+    const __m512 cd_lo = _mm512_shuffle_f32x4(r[8 + k], r[12 + k], _MM_SHUFFLE(1, 0, 1, 0));
+    const __m512 cd_hi = _mm512_shuffle_f32x4(r[8 + k], r[12 + k], _MM_SHUFFLE(3, 2, 3, 2));
+    t[k] = _mm512_shuffle_f32x4(ab_lo, cd_lo, _MM_SHUFFLE(2, 0, 2, 0));
+    t[4 + k] = _mm512_shuffle_f32x4(ab_lo, cd_lo, _MM_SHUFFLE(3, 1, 3, 1));
+    t[8 + k] = _mm512_shuffle_f32x4(ab_hi, cd_hi, _MM_SHUFFLE(2, 0, 2, 0));
+    t[12 + k] = _mm512_shuffle_f32x4(ab_hi, cd_hi, _MM_SHUFFLE(3, 1, 3, 1));
+  }
+  for (int j = 0; j < 16; ++j) r[j] = t[j];
+}
+#endif
+
 // KT[d, j] = K[j, d] for j < tk (KT row stride ldkt). When K already holds A, whole vectors of keys
-// are gathered down a column of K and stored as one vector of a row of KT: each store writes one
-// contiguous run instead of a lane per row (kernel_bench --pieces times it with V's copy as the tile
-// start). The keys past the last whole vector, and 16-bit K, go element by element.
+// are transposed in registers (f32 on AVX-512) or gathered down a column of K, and stored as one
+// vector of a row of KT: each store writes one contiguous run instead of a lane per row
+// (kernel_bench --pieces times it with V's copy as the tile start). The keys past the last whole
+// vector, and 16-bit K, go element by element.
 template <class A, class S>
 void transpose_rows(const S* K, Index tk, Index D, A* KT, Index ldkt) {
   Index j0 = 0;
-  if constexpr (std::is_same_v<A, S>) {
+#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+  // f32 on AVX-512: 16 keys' rows read whole (16 values of each at a time), transposed in
+  // registers, with the next 16 rows asked for ahead: K comes from memory once per chunk, and
+  // a gather down a column waited on 16 lines for every vector
+  if constexpr (std::is_same_v<A, float> && std::is_same_v<S, float>) {
+    const Index whole = tk - tk % 16;
+    for (Index j = 0; j < whole; j += 16) {
+      const char* next = reinterpret_cast<const char*>(K + (j + 16) * D);
+      const Index ahead = (j + 32 <= tk ? 16 : tk - j - 16) * D * Index(sizeof(float));
+      for (Index b = 0; b < ahead; b += 64) _mm_prefetch(next + b, _MM_HINT_T0);
+      for (Index c0 = 0; c0 < D; c0 += 16) {
+        const Index cols = std::min<Index>(16, D - c0);
+        const __mmask16 keep = static_cast<__mmask16>((1u << cols) - 1u);
+        __m512 r[16];
+        for (int t = 0; t < 16; ++t) r[t] = _mm512_maskz_loadu_ps(keep, K + (j + t) * D + c0);
+        transpose16(r);
+        for (Index c = 0; c < cols; ++c) _mm512_storeu_ps(KT + (c0 + c) * ldkt + j, r[c]);
+      }
+    }
+    j0 = whole;
+  }
+#endif
+  if constexpr (std::is_same_v<A, S>) {  // other targets and f64: whole vectors of keys gathered
     const Tag<A> d;
     const hn::RebindToSigned<decltype(d)> di;
     using I = hn::TFromD<decltype(di)>;
     const Index N = static_cast<Index>(hn::Lanes(d));
     const auto rows = hn::Mul(hn::Iota(di, 0), hn::Set(di, static_cast<I>(D)));  // lane j: K's row j
     const Index whole = tk - tk % N;
-    for (Index j = 0; j < whole; j += N) {
+    for (Index j = j0; j < whole; j += N) {
       const A* k = K + j * D;
       for (Index c = 0; c < D; ++c) hn::StoreU(hn::GatherIndex(d, k + c, rows), d, KT + c * ldkt + j);
     }
-    j0 = whole;
+    j0 = std::max(j0, whole);
   }
   for (Index j = j0; j < tk; ++j) {
     const S* k = K + j * D;
