@@ -1,5 +1,6 @@
-// The AMX tile products of amx_tiles.hpp: the one file compiled with AMX and AVX-512 flags (on
-// x86-64, when the compiler has them), called only once amx::enabled() has checked the CPU and OS.
+// The AMX tile products and the packers of amx_tiles.hpp: the one file compiled with AMX and AVX-512
+// flags (on x86-64, when the compiler has them). The products are called only once amx::enabled()
+// has checked the CPU and OS, the packers only with AMX or the dot products (bf16_dot.hpp) in use.
 // It includes nothing but <immintrin.h> and C headers and defines nothing outside an unnamed
 // namespace but amx_tiles.hpp's functions: an inline function of a shared header instantiated here
 // would carry AVX-512 code that the linker could choose for every other caller.
@@ -91,10 +92,10 @@ inline __mmask16 first(Index n) { return n >= 16 ? __mmask16(0xFFFF) : static_ca
 
 bool compiled() { return true; }
 
-// The rounding packers are here rather than in amx_support.cpp: they are called only with AMX or
-// with the dot products (bf16_dot.hpp; on x86 those need AVX-512 too), and AVX-512 rounds 16 values
-// per step where portable code went one by one and took as long as the products. Builds without the
-// tile flags (64-bit Arm) get the portable ones below.
+// The packers are here rather than in amx_support.cpp: they are called only with AMX or with the
+// dot products (bf16_dot.hpp; on x86 those need AVX-512 too), and AVX-512 moves 16 values per step
+// where portable code went one by one and took as long as the products. Builds without the tile
+// flags (64-bit Arm) get the portable ones below.
 
 namespace {
 // Zeros a[from, to) of a packed row in pairs of bf16, with no call: the rows are short and many.
@@ -202,9 +203,8 @@ void pack_pairs(const std::uint16_t* X, Index tk, Index D, Index ldk, std::uint1
   }
   for (Index j0 = 0; j0 < tk; j0 += 16) {  // 16 keys' rows read whole, one after the other
     // the next 16 keys' rows asked for now: the keys come from memory, once per chunk of rows
-    const char* next = reinterpret_cast<const char*>(X + (j0 + 16) * D);
     const Index ahead = (j0 + 32 <= tk ? 16 : tk > j0 + 16 ? tk - j0 - 16 : 0) * D * 2;
-    for (Index b = 0; b < ahead; b += 64) _mm_prefetch(next + b, _MM_HINT_T0);
+    for (Index b = 0; b < ahead; b += 64) _mm_prefetch(reinterpret_cast<const char*>(X + (j0 + 16) * D) + b, _MM_HINT_T0);
     for (Index k0 = 0; k0 < pairs; k0 += 16) {
       const __mmask16 keep = first(pairs - k0);
       __m512 r[16];
@@ -348,7 +348,8 @@ void accumulate(const std::uint16_t* A, Index n, Index Kp, const std::uint16_t* 
 
 }  // namespace ringattn::core::amx
 
-#else  // no tile instructions in this build: amx::enabled() is false and nothing here is called
+#else  // no tile instructions in this build: amx::enabled() is false; the portable packers below
+       // serve the dot products (BFDOT on 64-bit Arm)
 #include <string.h>
 
 namespace ringattn::core::amx {

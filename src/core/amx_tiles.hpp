@@ -9,11 +9,11 @@
 // The intrinsics live in amx_tiles.cpp, the one file compiled with AMX and AVX-512 flags; it
 // includes nothing but <immintrin.h> and C headers, so that no inline function of a shared header
 // is emitted there with AVX-512 code the linker could pick for the rest of the library.
-// Detection and the packing of bf16 operands (amx_support.cpp) are portable code; the packers that
-// round f32 tiles to bf16 (pack_rounded_*) are AVX512_BF16 code in amx_tiles.cpp (called with AMX or
-// the dot products of bf16_dot.hpp, which both need it on x86; portable code in builds without the
-// tile flags). Those round as to_bf16 does, except that f32 denormals may become zero: the products
-// take denormal bf16 operands as zero anyway.
+// Detection and pack_rows (amx_support.cpp) are portable code; the other packers (pack_pairs,
+// pack_row_pairs, the rounding pack_rounded_* and pack_cols_of_rows) are AVX-512 code in
+// amx_tiles.cpp, called with AMX or the dot products of bf16_dot.hpp, which both need it on x86
+// (portable code in builds without the tile flags). The rounding ones round as to_bf16 does, except
+// that f32 denormals may become zero: the products take denormal bf16 operands as zero anyway.
 //
 // Operands as the tile products read them (bf16 bits as uint16):
 //   A (the rows: Q or dO)  [rows, Dp]          row i is the row's D values, zero to Dp

@@ -159,7 +159,7 @@ inline void epilogue(const Out& o, const __m512 (&c)[MR][NV], Index cols, Index 
     [[maybe_unused]] const __m512 ci = _mm512_set1_ps(M == Mode::add && o.c ? o.c[i] : 1.0f);
 #pragma GCC unroll 4
     for (int v = 0; v < NV; ++v) {
-      float* const sv = s + kLanes * v;
+      float* const sv = M == Mode::grad_rounded ? nullptr : s + kLanes * v;
       if constexpr (M == Mode::add) {
         store(sv, keep[v], _mm512_fmadd_ps(ci, load(keep[v], sv), c[r][v]));
       } else if constexpr (M == Mode::grad || M == Mode::grad_rounded) {

@@ -21,9 +21,11 @@
 // dK. Every product then has two bf16 operands, exact in f32, and depends only on the order of its
 // sum. Two paths: the portable one, on every target, rounds the f32 tile in place (to nearest even;
 // NaN stays NaN, overflow becomes inf) and runs the same FMA products (and the exact paths below);
-// with AMX (amx::enabled()) and a finite head group, the rounded tiles are packed as bf16 and the
-// four products run on tiles (amx::accumulate), V and K packed per tile and Q and dO per chunk as
-// pairs of rows, the depth padded with zeros to whole tiles.
+// with AMX (amx::enabled()) or the dot products and a finite head group, the rounded tiles are
+// packed as bf16 and the four products run there (amx::accumulate, bf16dot::accumulate), V and K
+// packed per tile and Q and dO per chunk as pairs of rows, the depth padded with zeros to whole
+// tiles; on the dot products the backward's dS is rounded as its epilogue forms it and never stored
+// as f32 (tile_grad_rounded).
 // Non-finite operands (NaN, +-inf in Q, K, V, dO) give what PyTorch's float64 autograd gives when each
 // query row's softmax runs over the keys that row sees: an output is non-finite exactly when it
 // depends, through a visible pair, on a non-finite value. Full pieces get that from IEEE arithmetic
@@ -128,11 +130,9 @@ bool rounds_to_bf16(const Workspace<A>& ws) {
   return kAmxTypes<S, A> && ws.precision == Precision::bf16;
 }
 
-// O = c O + X B on the engine (Precision::bf16) for the f32 tile X [n, depth] (row stride ldx; kTrans:
-// X^T, [depth, n] read down its columns) rounded to bf16 into A (`packed`), and the packed pairs of
-// rows B from row `b0` of the depth on (the pair of b0's row when it is odd: A then leads with a zero).
-// O = c O + A B on the engine for A already packed (n rows of depth values, `lead` = b0 & 1) and the
-// packed pairs of rows B from row b0 of the depth on.
+// O = c O + A B on the engine for A already packed (n rows of depth values after `lead` = b0 & 1
+// zeros, as tile_accumulate below packs them) and the packed pairs of rows B from row b0 of the
+// depth on (the pair of b0's row when it is odd: A then leads with a zero).
 template <class A>
 void tile_product(Bf16Engine engine, const std::uint16_t* packed, Index n, Index depth, const std::uint16_t* B,
                   Index b0, Index ldc, Index D, A* O, const Same<A>* c) {
@@ -143,6 +143,9 @@ void tile_product(Bf16Engine engine, const std::uint16_t* packed, Index n, Index
   }
 }
 
+// O = c O + X B on the engine (Precision::bf16) for the f32 tile X [n, depth] (row stride ldx; kTrans:
+// X^T, [depth, n] read down its columns) rounded to bf16 into A (`packed`), and the packed pairs of
+// rows B from row `b0` of the depth on (the pair of b0's row when it is odd: A then leads with a zero).
 template <bool kTrans, class A>
 void tile_accumulate(Bf16Engine engine, const A* X, Index n, Index depth, Index ldx, std::uint16_t* packed,
                      const std::uint16_t* B, Index b0, Index ldc, Index D, A* O, const Same<A>* c) {

@@ -152,10 +152,10 @@ HWY_INLINE void transpose16(__m512 r[16]) {
 #endif
 
 // KT[d, j] = K[j, d] for j < tk (KT row stride ldkt). When K already holds A, whole vectors of keys
-// are transposed in registers (f32 on AVX-512) or gathered down a column of K, and stored as one
-// vector of a row of KT: each store writes one contiguous run instead of a lane per row
-// (kernel_bench --pieces times it with V's copy as the tile start). The keys past the last whole
-// vector, and 16-bit K, go element by element.
+// are transposed in registers (f32 on AVX-512; on AVX2 when D is a multiple of 8) or gathered down
+// a column of K, and stored as one vector of a row of KT: each store writes one contiguous run
+// instead of a lane per row (kernel_bench --pieces times it with V's copy as the tile start). The
+// keys past the last whole vector, and 16-bit K, go element by element.
 #if HWY_TARGET == HWY_AVX2
 // The 8 x 8 block r[i][j] transposed in registers (r[j] then holds what was column j).
 HWY_INLINE void transpose8(__m256 r[8]) {
@@ -182,7 +182,7 @@ template <class A, class S>
 void transpose_rows(const S* K, Index tk, Index D, A* KT, Index ldkt) {
   Index j0 = 0;
 #if HWY_TARGET == HWY_AVX2
-  // f32 on AVX2: the same with 8 x 8 blocks (the columns past the last whole 8 by the gathers below)
+  // f32 on AVX2: the same with 8 x 8 blocks when D is a multiple of 8 (other D: the gathers below)
   if constexpr (std::is_same_v<A, float> && std::is_same_v<S, float>) {
     const Index whole = tk - tk % 8, dw = D - D % 8;
     if (dw == D) {
@@ -323,8 +323,9 @@ void exp_tile(A* S, Index n, Index tk, Index lds, const A* mref, const A* w, A* 
   }
 }
 
-// rmax[i] = the largest of row i's tk values (row stride lds), for rows of finite or -inf values
-// (the masked scores of a finite head group; a NaN would not be ordered as std::max_element orders it).
+// rmax[i] = the largest of row i's tk values (row stride lds), for rows without NaN (the masked
+// scores of a finite head group: finite, -inf, or +inf where a product overflowed); a NaN would not
+// be ordered as std::max_element orders it, as the full pieces' vector maxima do not either.
 template <class A>
 void row_max(const A* S, Index n, Index tk, Index lds, A* rmax) {
   const Tag<A> d;

@@ -177,8 +177,12 @@ void print_bf16_piece(Index D) {
   }
   const simd::PieceTimes p = simd::piece_times(DType::f32, D, 3000);
   const double at_peak = b.product_flops / b.peak;
-  const std::string k = simd::kernels(DType::bf16);
-  const std::string dtype = "bf16" + (k.find('+') == std::string::npos ? std::string("+dot") : k.substr(k.find('+')));
+  // the instruction timed, whichever engine the kernels use now (AMX where the CPU has both)
+#if defined(__aarch64__)
+  const std::string dtype = "bf16+BFDOT";
+#else
+  const std::string dtype = "bf16+VDPBF16PS";
+#endif
   fmt::print("{:<8} {:>5} {:>4}  {:>8.1f} {:>6.1f}% {:>6.1f}% {:>5.1f}% {:>6.1f}% {:>6} {:>7}\n", simd::current(), dtype,
              D, b.peak * 1e-9, 100 * at_peak / b.score, 100 * at_peak / b.accumulate, 100 * p.exp / (2 * at_peak),
              100 * 2 * at_peak / (b.score + p.exp + b.accumulate), "-", "-");
