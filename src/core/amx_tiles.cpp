@@ -6,6 +6,27 @@
 // would carry AVX-512 code that the linker could choose for every other caller.
 #include "core/amx_tiles.hpp"
 
+#include <string.h>
+
+namespace ringattn::core::amx {
+namespace {
+// pack_pairs one value at a time: the portable packer, and the x86 one's for an odd D (whose last
+// pair would take the next key's first value as a 32-bit load).
+void pack_pairs_by_value(const std::uint16_t* X, Index tk, Index D, Index ldk, std::uint16_t* B) {
+  const Index Dp = padded_depth(D);
+  for (Index kk = 0; kk < Dp / 2; ++kk) {
+    std::uint16_t* row = B + kk * 2 * ldk;
+    const Index d0 = 2 * kk, d1 = 2 * kk + 1;
+    for (Index j = 0; j < tk; ++j) {
+      row[2 * j] = d0 < D ? X[j * D + d0] : std::uint16_t(0);
+      row[2 * j + 1] = d1 < D ? X[j * D + d1] : std::uint16_t(0);
+    }
+    memset(row + 2 * tk, 0, sizeof(std::uint16_t) * 2 * (ldk - tk));
+  }
+}
+}  // namespace
+}  // namespace ringattn::core::amx
+
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512F__) && defined(__AVX512BF16__)
 #include <immintrin.h>
 #include <string.h>
@@ -190,15 +211,7 @@ void pack_rounded_cols(const float* P, Index depth, Index m, Index ldp, Index le
 void pack_pairs(const std::uint16_t* X, Index tk, Index D, Index ldk, std::uint16_t* B) {
   const Index Dp = padded_depth(D), pairs = (D + 1) / 2, end = (tk + 15) / 16 * 16;
   if (D % 2) {
-    for (Index kk = 0; kk < Dp / 2; ++kk) {
-      std::uint16_t* row = B + kk * 2 * ldk;
-      const Index d0 = 2 * kk, d1 = 2 * kk + 1;
-      for (Index j = 0; j < tk; ++j) {
-        row[2 * j] = d0 < D ? X[j * D + d0] : std::uint16_t(0);
-        row[2 * j + 1] = d1 < D ? X[j * D + d1] : std::uint16_t(0);
-      }
-      memset(row + 2 * tk, 0, sizeof(std::uint16_t) * 2 * (ldk - tk));
-    }
+    pack_pairs_by_value(X, tk, D, ldk, B);
     return;
   }
   for (Index j0 = 0; j0 < tk; j0 += 16) {  // 16 keys' rows read whole, one after the other
@@ -398,16 +411,7 @@ void pack_cols_of_rows(const std::uint16_t* X, Index n, Index m, Index Kx, Index
 }
 
 void pack_pairs(const std::uint16_t* X, Index tk, Index D, Index ldk, std::uint16_t* B) {
-  const Index Dp = padded_depth(D);
-  for (Index kk = 0; kk < Dp / 2; ++kk) {
-    std::uint16_t* row = B + kk * 2 * ldk;
-    const Index d0 = 2 * kk, d1 = 2 * kk + 1;
-    for (Index j = 0; j < tk; ++j) {
-      row[2 * j] = d0 < D ? X[j * D + d0] : std::uint16_t(0);
-      row[2 * j + 1] = d1 < D ? X[j * D + d1] : std::uint16_t(0);
-    }
-    memset(row + 2 * tk, 0, sizeof(std::uint16_t) * 2 * (ldk - tk));
-  }
+  pack_pairs_by_value(X, tk, D, ldk, B);
 }
 
 void pack_row_pairs(const std::uint16_t* X, Index n, Index D, Index ldc, std::uint16_t* B) {
