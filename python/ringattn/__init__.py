@@ -31,7 +31,6 @@ import numbers
 
 import torch
 from mpi4py import MPI
-from torch.autograd.function import once_differentiable
 
 from ._ringattn import Call as _Call
 from ._ringattn import InputError, RuntimeFailure
@@ -300,6 +299,36 @@ def _agreed_signature(fn):
     return call
 
 
+def _differentiable_once(backward):
+    """A backward whose gradients raise when differentiated again. torch's once_differentiable
+    marks them only when an incoming gradient requires grad; under create_graph=True with plain
+    incoming gradients (torch.autograd.grad(o.sum(), q, create_graph=True)) it returns gradients
+    without a graph, and a gradient penalty built on them silently loses its second-order term.
+    Here every gradient computed while grad mode is on (create_graph=True) carries a node that
+    raises when reached."""
+
+    @functools.wraps(backward)
+    def wrapper(ctx, *grads):
+        with torch.no_grad():
+            outputs = backward(ctx, *grads)
+        if not torch.is_grad_enabled():
+            return outputs
+        err = torch._C._functions.DelayedError(
+            b"ringattn.attention is differentiable once: its gradients cannot be differentiated again "
+            b"(no double backward)", len(outputs))
+
+        def marked(t):
+            if t is None:
+                return None
+            t = t.detach()
+            t.requires_grad_(True)
+            return t
+
+        return err(*[marked(t) for t in outputs])
+
+    return wrapper
+
+
 class _AttentionFunction(torch.autograd.Function):
     """O, LSE of this rank's shard; the backward runs the distributed backward (collective). It is
     differentiable once: the gradients it returns raise when differentiated again. Gradients flow
@@ -322,7 +351,7 @@ class _AttentionFunction(torch.autograd.Function):
         return out, lse
 
     @staticmethod
-    @once_differentiable
+    @_differentiable_once
     def backward(ctx, do, dlse):
         q, k, v, sinks = ctx.saved_tensors
         call, ctx.call = ctx.call, None  # the plan goes back for reuse when this backward is done
