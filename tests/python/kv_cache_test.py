@@ -12,7 +12,8 @@ for bit the same. A bf16 cache returns O in bf16 by default: the float32 O round
 bit as torch's .to() rounds it. The merge by all-gather (merge="gather") is held to the same.
 Then the bad calls: T = 0, a step whose q differs on one rank, a merge that is not one, a cache over
 its capacity, a dtype that is not the cache's (on every rank, or on one), a prompt shard of the wrong
-length on one rank, each the same error on every rank (none left waiting for a peer).
+length on one rank, another merge on one rank, each the same error on every rank (none left waiting
+for a peer).
 """
 import sys
 
@@ -145,7 +146,11 @@ def main():
                  1, 2, 1, 8, dtype=torch.float64).prefill(*(t(len(pos) + (RANK == N - 1), h) for h in (2, 1, 1)),
                                                           prompt_len=10), "expected [1, "),
              raises("a bad dtype on one rank", lambda: ringattn.KVCache(
-                 1, 2, 1, 8, dtype=torch.int32 if RANK == N - 1 else torch.float64), "dtype")]
+                 1, 2, 1, 8, dtype=torch.int32 if RANK == N - 1 else torch.float64), "dtype"),
+             raises("another merge on one rank", lambda: ringattn.KVCache(
+                 1, 2, 1, 8, dtype=torch.float64, merge="gather" if RANK == N - 1 else "allreduce").prefill(
+                     *(t(len(pos), h) for h in (2, 1, 1)), prompt_len=10), "ranks disagree on merge")
+             if N > 1 else True]
     ok = all(good)
     if RANK == 0:
         print("all cases passed" if ok else "failures")

@@ -168,7 +168,11 @@ AttentionPlan KVCacheShard<S>::agreed_prompt_plan(Index prompt_len, PlanOptions&
     extras.admit_memory = attend;
     plan = make_attention_plan(p, comm_.size(), names_, extras);
   });
-  agree_on_plan(comm_, plan_fields(plan, p, names_));
+  // the merge is the cache's own option, outside the prompt's plan: ranks that disagree would meet
+  // in different collectives at the first decode step
+  std::vector<PlanField> fields = plan_fields(plan, p, names_);
+  fields.push_back({names_.render("@merge"), o_.merge});
+  agree_on_plan(comm_, fields);
   return plan;
 }
 
