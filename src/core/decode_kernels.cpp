@@ -329,7 +329,7 @@ Work decode_impl(const QueryShard<S>& q, const KVBlock<S>& kv, const Mask& mask,
               if (!sees(i, j)) s[i * ld + j] = kNegInf;
         A* rmax = ws.rowmax.data();
         for (Index i = 0; i < R; ++i) rmax[i] = row_max(s + i * ld, nk);
-        if (q_nonfinite) nan_rows(s, ld, R, nk, ws.qs.data(), D, rmax, sees);
+        if (q_nonfinite) nan_rows(s, ld, R, nk, ws.qs.data(), D, rmax, sees, false, [](Index) { return false; });
         // pass 2: m' = max(m, rowmax), P = 2^(S - m'), l' = c l + sum P, c = 2^(m - m')
         A* c = ws.c.data();
         for (Index i = 0; i < R; ++i) {

@@ -28,18 +28,20 @@ namespace ringattn::core::HWY_NAMESPACE {
 // whose query holds a non-finite value and which sees a key here (no score of it is finite; PyTorch's
 // softmax of such a row is NaN even when every score is -inf), and a row whose max is -inf although
 // it holds a score other than -inf (a NaN that the vector max passed over). sees(i, j): row i sees
-// key j of the piece. With soft-capping (capped) the first rule does not hold: c tanh(s / c) takes
+// key j of the piece. The first rule does not hold with soft-capping (capped): c tanh(s / c) takes
 // an infinite score to +-c, so such a row's softmax is finite unless a score is NaN, and a NaN
-// score reaches the row's sum through its own P = 2^(NaN - m) anyway.
-template <class A, class Sees>
-void nan_rows(const A* Sc, Index lds, Index n, Index tk, const A* qs, Index D, A* rmax, Sees&& sees,
-              bool capped = false) {
+// score reaches the row's sum through its own P = 2^(NaN - m) anyway. Nor for a row whose head has
+// a finite sink (sunk(i)): its softmax holds the sink, which takes the whole weight when every
+// score is -inf, and a +inf or NaN score still makes the row NaN through its max.
+template <class A, class Sees, class Sunk>
+void nan_rows(const A* Sc, Index lds, Index n, Index tk, const A* qs, Index D, A* rmax, Sees&& sees, bool capped,
+              Sunk&& sunk) {
   constexpr A kNegInf = -std::numeric_limits<A>::infinity();
   for (Index i = 0; i < n; ++i) {
     bool nan = false;
     if (rmax[i] == kNegInf)
       for (Index j = 0; j < tk && !nan; ++j) nan = Sc[i * lds + j] != kNegInf;
-    if (!nan && !capped && !std::isnan(rmax[i]))
+    if (!nan && !capped && !std::isnan(rmax[i]) && !sunk(i))
       for (Index d = 0; d < D; ++d)
         if (!std::isfinite(qs[i * D + d])) {
           for (Index j = 0; j < tk && !nan; ++j) nan = sees(i, j);

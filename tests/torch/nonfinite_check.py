@@ -15,6 +15,10 @@ and zigzag; causal or not):
   reference elements (float64 1e-10; bf16 computes in float32 on the rounded inputs: O, LSE 3e-4,
   the gradients, rounded once to bf16, 2^-8 + 3e-4, as tests/python/attention_test.py).
 
+Then attention sinks (one logit per head, one of them -inf) through the ring and the all-gather:
+a query holding -inf whose every score is -inf has a NaN softmax without a sink, and gives its
+whole weight to a finite one (O = 0, LSE = the sink); a NaN query stays NaN with one.
+
 The reference is PyTorch's float64 autograd of softmax(scale q k^T) v with each query row's softmax
 taken over the keys it may see (the keys it may not see are not in its sums): an output is non-finite
 exactly when it depends, through a visible (query, key) pair, on a non-finite input. Without a mask
@@ -90,6 +94,15 @@ def worker():
         "k nan at 0": ("k", (1, 0, 1, 0), math.nan),  # every row sees key 0
         "q nan at S-1": ("q", (0, S - 1, 5, 4), math.nan),
     }
+    # With attention sinks (one logit per query head; head 1's is -inf, no sink): a query holding -inf
+    # where every key of its kv head is positive has only -inf scores. Its softmax is NaN without a
+    # sink (head 1), and all the sink's with one (head 2): O = 0, LSE = the sink.
+    SINKS = [0.5, -math.inf, 1.0, 0.0, 2.0, -1.0]
+    SINK_PLANT = {
+        "q -inf, sink": ("q", (1, 12, 2, 3), -math.inf),
+        "q -inf, -inf sink": ("q", (0, 6, 1, 3), -math.inf),
+        "q nan, sink": ("q", (1, 11, 3, 2), math.nan),
+    }
 
     def visible(causal):
         i = torch.arange(S)[:, None]
@@ -100,8 +113,10 @@ def worker():
         g = torch.Generator().manual_seed(2024)
         t = {name: torch.randn(B, S, h, D, generator=g, dtype=torch.float64)
              for name, h in (("q", H), ("k", HKV), ("v", HKV), ("dout", H))}
-        name, idx, val = PLANT[plant]
+        name, idx, val = PLANT[plant] if plant in PLANT else SINK_PLANT[plant]
         t[name][idx] = val
+        if plant in SINK_PLANT and val == -math.inf:  # every key of the query's kv head positive in d
+            t["k"][idx[0], :, idx[2] // G, idx[3]] = t["k"][idx[0], :, idx[2] // G, idx[3]].abs() + 0.1
         return {n: x.to(dtype).double() for n, x in t.items()}  # the values ringattn sees
 
     def capped(s, cap):  # soft-capping, s -> cap tanh(s / cap): it takes an infinite score to +-cap
@@ -110,8 +125,8 @@ def worker():
     def cap_tag(cap):
         return "" if cap is None else f"softcap={cap:g}"
 
-    def per_row_reference(t, causal, cap):
-        """Each row's softmax over its visible keys only (autograd float64)."""
+    def per_row_reference(t, causal, cap, sinks=None):
+        """Each row's softmax over its visible keys only (autograd float64), and its head's sink."""
         q, k, v = (t[n].clone().requires_grad_(True) for n in ("q", "k", "v"))
         kk, vv = k.repeat_interleave(G, dim=2), v.repeat_interleave(G, dim=2)
         vis = visible(causal)
@@ -119,7 +134,10 @@ def worker():
         for i in range(S):
             idx = vis[i].nonzero().flatten()
             s = capped(torch.einsum("bhd,bjhd->bhj", q[:, i], kk[:, idx]) * scale, cap)
-            o_rows.append(torch.einsum("bhj,bjhd->bhd", torch.softmax(s, dim=-1), vv[:, idx]))
+            if sinks is not None:  # the sink's logit is one more column of the row's softmax
+                s = torch.cat([s, torch.tensor(sinks, dtype=s.dtype).expand(B, H)[:, :, None]], dim=-1)
+            p = torch.softmax(s, dim=-1)
+            o_rows.append(torch.einsum("bhj,bjhd->bhd", p[:, :, :len(idx)], vv[:, idx]))
             lse_rows.append(torch.logsumexp(s, dim=-1))
         o, lse = torch.stack(o_rows, dim=1), torch.stack(lse_rows, dim=2)
         torch.autograd.backward(o, t["dout"])
@@ -169,43 +187,54 @@ def worker():
         report(not notes, f"reference {plant:12s} {'causal' if causal else 'full':6s} {cap_tag(cap):10s} "
                           f"{str(dtype)[6:]:8s} against the dense form" + (": " + "; ".join(notes) if notes else ""))
 
+    def compare(strategy, U, dtype, layout, causal, cap, plant, t, ref, sinks=None):
+        pos = torch.from_numpy(ringattn.positions(S, N, rank, layout))
+        q, k, v = (t[n][:, pos].to(dtype).requires_grad_(True) for n in ("q", "k", "v"))
+        o, lse = ringattn.attention_lse(q, k, v, seq_len=S, causal=causal, layout=layout,
+                                        strategy=strategy, ulysses_degree=U, comm=comm, softcap=cap,
+                                        sinks=None if sinks is None else torch.tensor(sinks, dtype=torch.float64),
+                                        out_dtype=torch.float32 if dtype == torch.bfloat16 else None)
+        torch.autograd.backward(o, t["dout"][:, pos].to(o.dtype))
+        ours = {"o": o.detach(), "lse": lse.detach(), "dq": q.grad, "dk": k.grad, "dv": v.grad}
+        mine = {"o": ref["o"][:, pos], "lse": ref["lse"][:, :, pos], "dq": ref["dq"][:, pos],
+                "dk": ref["dk"][:, pos], "dv": ref["dv"][:, pos]}
+        bad = []
+        for n in ours:
+            x, r = ours[n].double(), mine[n]
+            xf, rf = torch.isfinite(x), torch.isfinite(r)
+            missed, extra = int((xf & ~rf).sum()), int((~xf & rf).sum())
+            if missed or extra:
+                zeros = int(((x == 0) & ~rf).sum())
+                bad.append(f"{n}: {missed} finite where the reference is not ({zeros} of them 0), "
+                           f"{extra} non-finite where it is finite")
+                continue
+            ref_fin = r[rf]
+            peak = float(ref_fin.abs().max()) if ref_fin.numel() else 0.0
+            err = float((x[rf] - ref_fin).abs().max()) if ref_fin.numel() else 0.0
+            tol = TOL[dtype] if n in ("o", "lse") else TOL_GRAD[dtype]
+            if err > tol * max(peak, 1e-300):
+                bad.append(f"{n}: finite error {err / max(peak, 1e-300):.3g} > {tol:.1e}")
+        bad_all = comm.allgather(bad)
+        ok = not any(bad_all)
+        first = next((b for b in bad_all if b), [])
+        tag = f"{strategy}{f' U={U}' if U else ''}"
+        report(ok, f"{tag:9s} {str(dtype)[6:]:8s} {layout:10s} {'causal' if causal else 'full':6s} "
+                   f"{cap_tag(cap):10s} {plant:12s}" + ("" if ok else "  " + "; ".join(first)))
+
     # ulysses splits the H heads over the N ranks; usp (groups of U = 2 joined by a ring) from N = 4
     strategies = [("ring", None)] + ([("ulysses", None)] if H % N == 0 else []) + ([("usp", 2)] if N == 4 else [])
     for strategy, U in strategies:
         for dtype, layout, causal, cap, plant in itertools.product(
                 (torch.float64, torch.bfloat16), ("contiguous", "zigzag"), (False, True), CAPS, PLANT):
             t, ref = refs[dtype, causal, cap, plant]
-            pos = torch.from_numpy(ringattn.positions(S, N, rank, layout))
-            q, k, v = (t[n][:, pos].to(dtype).requires_grad_(True) for n in ("q", "k", "v"))
-            o, lse = ringattn.attention_lse(q, k, v, seq_len=S, causal=causal, layout=layout,
-                                            strategy=strategy, ulysses_degree=U, comm=comm, softcap=cap,
-                                            out_dtype=torch.float32 if dtype == torch.bfloat16 else None)
-            torch.autograd.backward(o, t["dout"][:, pos].to(o.dtype))
-            ours = {"o": o.detach(), "lse": lse.detach(), "dq": q.grad, "dk": k.grad, "dv": v.grad}
-            mine = {"o": ref["o"][:, pos], "lse": ref["lse"][:, :, pos], "dq": ref["dq"][:, pos],
-                    "dk": ref["dk"][:, pos], "dv": ref["dv"][:, pos]}
-            bad = []
-            for n in ours:
-                x, r = ours[n].double(), mine[n]
-                xf, rf = torch.isfinite(x), torch.isfinite(r)
-                missed, extra = int((xf & ~rf).sum()), int((~xf & rf).sum())
-                if missed or extra:
-                    zeros = int(((x == 0) & ~rf).sum())
-                    bad.append(f"{n}: {missed} finite where the reference is not ({zeros} of them 0), "
-                               f"{extra} non-finite where it is finite")
-                    continue
-                ref_fin = r[rf]
-                peak = float(ref_fin.abs().max()) if ref_fin.numel() else 0.0
-                err = float((x[rf] - ref_fin).abs().max()) if ref_fin.numel() else 0.0
-                tol = TOL[dtype] if n in ("o", "lse") else TOL_GRAD[dtype]
-                if err > tol * max(peak, 1e-300):
-                    bad.append(f"{n}: finite error {err / max(peak, 1e-300):.3g} > {tol:.1e}")
-            bad_all = comm.allgather(bad)
-            ok = not any(bad_all)
-            first = next((b for b in bad_all if b), [])
-            tag = f"{strategy}{f' U={U}' if U else ''}"
-            report(ok, f"{tag:9s} {str(dtype)[6:]:8s} {layout:10s} {'causal' if causal else 'full':6s} "
-                       f"{cap_tag(cap):10s} {plant:12s}" + ("" if ok else "  " + "; ".join(first)))
+            compare(strategy, U, dtype, layout, causal, cap, plant, t, ref)
+    # sinks, through the ring and the all-gather (each hands the kernels its heads' sinks)
+    for strategy, dtype, layout, causal, plant in itertools.product(
+            ("ring", "allgather"), (torch.float64, torch.bfloat16), ("contiguous", "zigzag"), (False, True),
+            SINK_PLANT):
+        t = inputs(dtype, plant)
+        compare(strategy, None, dtype, layout, causal, None, plant, t, per_row_reference(t, causal, None, SINKS),
+                SINKS)
     ok_all = comm.allreduce(int(ok_all), op=MPI.MIN) == 1
     if rank == 0:
         print(f"N={N}: {'all cases passed' if ok_all else 'FAILED'}", flush=True)

@@ -142,11 +142,15 @@ void init_online_state(const Packing& pk, OnlineState<A> st);
 // Fold one K/V block into the running state of every query row:
 //   m' = max(m, max_j S_ij), c = e^(m - m'), l' = c l + sum_j e^(S_ij - m'),
 //   a' = c a + sum_j e^(S_ij - m') V_j,   S_ij = scale * q_i . k_j over visible j,
-// soft-capped as S_ij = softcap tanh(S_ij / softcap) when softcap > 0 (0: none).
+// soft-capped as S_ij = softcap tanh(S_ij / softcap) when softcap > 0 (0: none). sinks: the sink
+// logits finalize_forward will merge (per query head, as it reads them; null: none). A row whose
+// visible scores are all -inf (its query holds -inf) has a NaN softmax, as PyTorch's, unless its
+// head has a finite sink: then it keeps the state of a row that saw nothing, and the sink takes
+// its whole weight.
 template <class S>
 Work block_forward(const QueryShard<S>& q, const KVBlock<S>& kv, const Mask& mask, accum_t<S> scale,
                    OnlineState<accum_t<S>> st, Workspace<accum_t<S>>& ws, Progress progress = {},
-                   accum_t<S> softcap = 0);
+                   accum_t<S> softcap = 0, const double* sinks = nullptr);
 
 // O = a / l in place (acc becomes O) and LSE = m + log l (natural log) into lse [rows]; m and l
 // stay, in the kernel's units, for the backward. A row with no visible key has O = 0, m = LSE = -inf

@@ -320,6 +320,7 @@ PassStats AllGatherAttention<S>::forward() {
     if (g + 1 < groups_) step.moved(start_gather(g + 1, (g + 1) % 2, gather[(g + 1) % 2], Pass::forward));
     Group& grp = g_[g];
     core::OnlineState<A> st{grp.m.data(), grp.l.data(), grp.acc.data()};
+    const double* sinks = s_.sinks ? s_.sinks + Index(g) * G_ * s_.shape.G() : nullptr;  // the group's heads
     if (step.computes()) core::init_online_state(pq_, st);
     const core::QueryShard<S> qs{pq_, s_.layout->positions(r_), grp.q.data()};
     const S* kv = gathered_[g % 2].data();
@@ -330,11 +331,10 @@ PassStats AllGatherAttention<S>::forward() {
             return core::block_forward(qs, view(q, kv), *s_.mask, scale, st, ws_, [&] {
               gather[(g + 1) % 2].test();
               if (s_.poll) s_.poll();
-            }, softcap);
+            }, softcap, sinks);
           },
           [&] { return core::count_block_forward(qs, view(q, kv), *s_.mask, ws_); }, 1.0);
     }
-    const double* sinks = s_.sinks ? s_.sinks + Index(g) * G_ * s_.shape.G() : nullptr;  // the group's heads
     if (step.computes()) core::finalize_forward(pq_, st, grp.lse.data(), sinks);
     step.end();
   }
