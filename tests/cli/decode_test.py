@@ -55,7 +55,8 @@ def test_out_is_one_set():
 def test_load_and_merge_checked():
     """--prefill load keeps the prompt's K/V unattended and checks the decode rows against their
     definition; --merge allreduce (recursive doubling with fixed partners; N = 3 folds a rank in first) gives the same rows to
-    f32 rounding, the same on every rank."""
+    f32 rounding, the same on every rank. Bad values, sizes past memory or 2^50 positions, and ranks
+    started with different options end with exit 2 on every rank."""
     for n in (1, 3):
         for merge in ("gather", "allreduce"):
             p = decode(n, "--prefill", "load", "--merge", merge, "--check", "--window", "7", "--stream-mib", "0")
@@ -64,6 +65,23 @@ def test_load_and_merge_checked():
     for bad in (["--prefill", "ring"], ["--merge", "tree"], ["--stream-mib", "-1"]):
         p = decode(2, *bad)
         check(p.returncode == 2 and bad[0] in p.stderr, f"{bad}: exit {p.returncode}, {p.stderr.strip()[:200]}")
+    # sizes past this machine's memory, or past 2^50 positions: refused before anything is built
+    for bad, needle in ((["--cache-len", "1000000000000"], "--cache-len: a cache of"),
+                        (["--steps", "1000000000"], "--steps: a cache of"),
+                        (["--steps", "4611686018427387904", "--new-tokens", "2"], "is over 2^50")):
+        p = run([ARGS.mpirun, "-np", 2, "--oversubscribe", ARGS.binary, "decode", *bad, "--stream-mib", "0"],
+                timeout=60)
+        lines = [l for l in p.stderr.splitlines() if l.startswith("ringattn")]
+        check(p.returncode == 2 and len(lines) == 1 and needle in lines[0],
+              f"{bad}: exit {p.returncode}, {lines[:2]}")
+    # ranks started with different options: exit 2 on every rank, naming the option, in seconds
+    for opt, a, b in (("--prefill", "load", "attend"), ("--steps", "2", "3"), ("--timeout", "-1", "30"),
+                      ("--merge", "gather", "allreduce")):
+        side = lambda v: ["-np", "1", ARGS.binary, "decode", *SHAPE, "--stream-mib", "0", opt, v]
+        p = run([ARGS.mpirun, "--oversubscribe", *side(a), ":", *side(b)], timeout=60)
+        lines = [l for l in p.stderr.splitlines() if l.startswith("ringattn")]
+        check(p.returncode == 2 and lines and all(opt in l for l in lines),
+              f"{opt} {a} on one rank, {b} on the other: exit {p.returncode}, {lines[:2]}")
 
 
 def test_repeated_runs_bitwise_equal():

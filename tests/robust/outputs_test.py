@@ -8,7 +8,8 @@
                         dout beside them (numpy float64 reference), never a mix or zeros.
   special_report_paths  --report through /dev/stdout, /dev/null and a symlink is written through (the
                         device and the link stay); a report that is an input, the trace, an output,
-                        a directory or a name too long is refused with exit 2 before anything runs.
+                        the --out directory (by an absolute or a relative name), a directory or a
+                        name too long is refused with exit 2 before anything runs.
   failed_commit_keeps_old  a directory standing on an output name makes the commit fail with exit 3,
                         and the earlier results stay whole (the same bytes); the directory stays.
   stale_outputs_removed a --no-backward run into an old directory removes the old dq, dk, dv and
@@ -143,6 +144,10 @@ def test_special_report_paths():
             "the trace": (["--report", os.path.join(d, "same.json"), "--trace", os.path.join(d, "same.json")],
                           "--report"),
             "an output": (["--out", os.path.join(d, "o"), "--report", os.path.join(d, "o", "dq.npy")], "--report"),
+            "the --out directory (report)": (["--out", os.path.join(d, "r.json"), "--report", os.path.join(d, "r.json")],
+                                             "--report"),
+            "the --out directory (trace)": (["--out", os.path.join(d, "t.json"), "--trace", os.path.join(d, "t.json")],
+                                            "--trace"),
             "a directory (report)": (["--report", d], "--report"),
             "a directory (trace)": (["--trace", d], "--trace"),
             "a name too long": (["--report", long_name], "--report"),
@@ -156,7 +161,14 @@ def test_special_report_paths():
                   f"report path is {what}: exit 2 naming {opt} ({p.returncode}: {lines[:2]})")
             check(time.monotonic() - t0 < 30, f"{what}: refused in seconds")
         check(open(os.path.join(inp, "q.npy"), "rb").read() == before, "the input file is untouched")
-        check(not os.path.exists(os.path.join(d, "o")), "a refused job creates no --out directory")
+        # the same by a relative name, neither existing yet
+        p = run([ARGS.mpirun, "-q", "-np", 2, "--wdir", d, ARGS.binary, *SMALL, "--report", "rel.json", "--out",
+                 "rel.json"], timeout=60)
+        lines = error_lines(p)
+        check(p.returncode == 2 and len(lines) == 1 and "--out directory" in lines[0],
+              f"--report and --out of one relative name: exit 2 ({p.returncode}: {lines[:2]})")
+        for o in ("o", "r.json", "t.json", "rel.json"):
+            check(not os.path.exists(os.path.join(d, o)), f"a refused job creates no --out directory ({o})")
         p = run([ARGS.mpirun, "-q", "-np", 2, ARGS.binary, "lab", "--report", "/proc/ringattn-outputs-test.json"])
         lines = error_lines(p)
         check(p.returncode == 2 and len(lines) == 1 and "--report" in lines[0],

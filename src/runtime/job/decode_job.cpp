@@ -454,6 +454,25 @@ io::Json report_json(const DecodeConfig& c, const DecodeResult& r) {
   return j;
 }
 
+// Before anything of the cache's size is built: what the most loaded rank allocates (the prompt's
+// ring, with --prefill attend, is admitted by the prompt's own plan).
+void admit_decode_memory(const DecodeConfig& c, const core::Shape& s, core::DType dtype, int N) {
+  const double L = double((c.cache_len + N - 1) / N), dec = double((c.steps * c.new_tokens + N - 1) / N);
+  const double es = double(core::dtype_size(dtype)), acc = dtype == core::DType::f64 ? 8.0 : 4.0;
+  const double kv = 2.0 * double(s.B) * double(s.HKV) * double(s.D) * es;  // K and V of one position
+  const double q = double(s.B) * double(s.H) * double(s.D);                // a query row's values
+  MemoryPlan m;
+  m.add("the prompt's K and V, generated and cached", 2 * L * kv);
+  if (c.prefill == "attend") m.add("the prompt's Q and O", L * q * (es + acc));
+  m.add("the cache's decoded positions", dec * kv);
+  m.add("every step's O and LSE", double(c.steps) * double(c.new_tokens) * (q + double(s.B * s.H)) * 8.0);
+  const bool prompt = 2 * L * kv >= dec * kv;
+  admit_memory(m, prompt ? "--cache-len" : "--steps",
+               fmt::format("a cache of {} + {} x {} positions, {} ({})", c.cache_len, c.steps, c.new_tokens,
+                           s.str(), core::dtype_name(dtype)),
+               prompt ? "a shorter --cache-len, or more ranks" : "fewer --steps or --new-tokens, or more ranks");
+}
+
 }  // namespace
 
 DecodeResult run_decode(comm::Comm& comm, const DecodeConfig& c) {
@@ -464,11 +483,20 @@ DecodeResult run_decode(comm::Comm& comm, const DecodeConfig& c) {
     if (c.new_tokens < 1)
       throw InputError(fmt::format("--new-tokens: {} is not >= 1 (a decode step adds T >= 1 tokens)", c.new_tokens));
     if (c.steps < 0) throw InputError(fmt::format("--steps: {} is negative", c.steps));
+    // S0 + K T, the cache's length, without overflow
+    constexpr Index kMaxLen = Index(1) << 50;
+    if (c.cache_len > kMaxLen || (c.steps > 0 && c.new_tokens > (kMaxLen - c.cache_len) / c.steps))
+      throw InputError(fmt::format("--steps: --cache-len {} + --steps {} x --new-tokens {} positions is over 2^50 "
+                                   "(expected a cache of at most 2^50 positions)", c.cache_len, c.steps,
+                                   c.new_tokens));
     s = core::Shape{c.batch.value_or(kDefaultBatch), c.cache_len + c.steps * c.new_tokens,
                     c.heads.value_or(kDefaultHeads), 0, c.head_dim.value_or(kDefaultHeadDim)};
     s.HKV = c.kv_heads.value_or(s.H);
     check_shape(s, cli_names());
     dtype = parse_dtype(c.dtype, cli_names());
+    if (c.timeout_s && !(std::isfinite(*c.timeout_s) && *c.timeout_s >= 0))
+      throw InputError(fmt::format("--timeout: {} is not a time (expected SEC >= 0; 0 disables the watchdog)",
+                                   *c.timeout_s));
     if (c.prefill != "attend" && c.prefill != "load")
       throw InputError(fmt::format("--prefill: '{}' is not a prefill (expected attend or load)", c.prefill));
     check_merge(c.merge, cli_names());
@@ -482,10 +510,23 @@ DecodeResult run_decode(comm::Comm& comm, const DecodeConfig& c) {
     }
     if (!(c.memory_bandwidth > 0))
       throw InputError(fmt::format("--memory-bandwidth: {} is not a rate (expected GB/s > 0)", c.memory_bandwidth / 1e9));
+    if (!c.timing_only) admit_decode_memory(c, s, dtype, comm.size());
   });
-  if (c.timeout_s && !(std::isfinite(*c.timeout_s) && *c.timeout_s >= 0))
-    throw InputError(fmt::format("--timeout: {} is not a time (expected SEC >= 0; 0 disables the watchdog)",
-                                 *c.timeout_s));
+  // The options the cache's prompt plan does not hold: ranks that differ would meet in different
+  // collectives (or none).
+  agree_on_plan(comm, {{"--cache-len", std::to_string(c.cache_len)},
+                       {"--steps", std::to_string(c.steps)},
+                       {"--new-tokens", std::to_string(c.new_tokens)},
+                       {"--prefill", c.prefill},
+                       {"--merge", c.merge},
+                       {"--stream-mib", std::to_string(c.stream_mib)},
+                       {"--timeout", c.timeout_s ? fmt::format("{}", *c.timeout_s) : "(default)"},
+                       {"--check", c.check ? "on" : "off"},
+                       {"--seed", std::to_string(c.seed)},
+                       {"--out", c.out},
+                       {"--report", c.report},
+                       {"--timing-only", c.timing_only ? "on" : "off"},
+                       {"--memory-bandwidth", fmt::format("{}", c.memory_bandwidth)}});
   // The plan's default watchdog, for the prompt's ring and (with --check) the reference on rank 0.
   const double check_flops = c.check ? 4.0 * double(s.B) * double(s.S) * double(s.S) * double(s.H * s.D) : 0.0;
   comm.set_timeout(c.timeout_s.value_or(default_timeout(s, s.S, false, check_flops)));

@@ -196,6 +196,8 @@ struct StagedOutputs::Impl {
       for (const std::string& in : p.inputs)
         if (same_file(t->path, in))
           throw InputError(fmt::format("{} {}: is the input file {} (expected a new file)", opt, t->given, in));
+      if (!p.out_dir.empty() && same_file(t->path, dir))
+        throw InputError(fmt::format("{} {}: is the --out directory (expected a file of another name)", opt, t->given));
       if (!p.out_dir.empty())
         for (const std::string& name : own_output_names())
           if (same_file(t->path, final_path(name + ".npy")))

@@ -85,13 +85,15 @@ TextTarget resolve_text_target(const std::string& given, const char* opt) {
   return t;
 }
 
-// The same file, when both exist; else the same resolved path.
+// The same file, when both exist; else the same resolved path (made absolute first: the resolved
+// form of a relative name none of whose parts exists yet is the name itself).
 bool same_file(const std::string& a, const std::string& b) {
   struct stat sa {}, sb {};
   if (::stat(a.c_str(), &sa) == 0 && ::stat(b.c_str(), &sb) == 0)
     return sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
-  std::error_code e1, e2;
-  return fs::weakly_canonical(a, e1) == fs::weakly_canonical(b, e2) && !e1 && !e2;
+  std::error_code e1, e2, e3, e4;
+  const fs::path ra = fs::weakly_canonical(fs::absolute(a, e1), e2), rb = fs::weakly_canonical(fs::absolute(b, e3), e4);
+  return ra == rb && !e1 && !e2 && !e3 && !e4;
 }
 
 std::string host_name() {
