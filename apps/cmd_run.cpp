@@ -97,7 +97,6 @@ Command add_run_command(CLI::App& parent) {
   cmd.run = [cfg, run](comm::Comm* comm) {
     runtime::JobConfig& c = *cfg;
     c.dtype_given = run->count("--dtype") > 0;
-    if (!c.layer && run->count("--model-dim")) throw InputError("--model-dim: only applies with --layer");
     comm->set_timeout(c.timeout_s.value_or(300));  // until the plan gives the job's watchdog
     ProgressLine progress;
     if (comm->rank() == 0) {

@@ -56,6 +56,7 @@ RunResult run_job(comm::Comm& comm, const JobConfig& c) {
   agreed(comm, [&] {
     check_run_options(c);
     if (c.layer && !c.trace.empty()) throw InputError("--trace: not supported with --layer (use --report)");
+    if (!c.layer && c.model_dim) throw InputError("--model-dim: only applies with --layer (expected --layer)");
   });
   JobPlan p;
   agreed(comm, [&] { p = make_plan(c, comm.size()); });
