@@ -411,27 +411,47 @@ HWY_INLINE A round_bf16(A x) {
 // Scores of the n x tk tile S (row stride lds) soft-capped in place, S = c tanh(S / c), with c the
 // cap in the kernels' units (softcap times log2 e: in natural units s -> softcap tanh(s / softcap)).
 // With F (the same strides), F = 1 - tanh^2 = ds_capped / ds, the factor the backward's dS takes.
-// tanh |x| = (1 - u) / (1 + u) and 1 - tanh^2 = 4 u / (1 + u)^2 with u = e^(-2|x|) = 2^(-2 log2(e) |x|),
-// one Exp2 of a non-positive argument (as the softmax's) and one division per score: the absolute
-// error of tanh is about one ulp of 1, so the capped score's is about c ulp(1), as a score's own
-// rounding. Called before the mask, so no entry is -inf; only with a cap (tested once per piece).
-// With rmax, rmax[i] = the largest capped score of row i (a piece with no mask to apply).
+// For |x| = |s / c| >= 1/8: tanh |x| = (1 - u) / (1 + u) and 1 - tanh^2 = 4 u / (1 + u)^2 with
+// u = e^(-2|x|) = 2^(-2 log2(e) |x|), one Exp2 of a non-positive argument (as the softmax's) and one
+// division per score; 1 - u >= 0.22 there, so tanh keeps its relative error within a few ulps.
+// Below 1/8, where 1 - u would cancel (a cap far above the scores: |x| ~ 1e-6 lost all but a few
+// bits of tanh in f32), tanh x = x - x^3 q(x^2) by its Taylor series to x^17, whose next term is
+// below 2^-60 of x there. Called before the mask, so no entry is -inf; only with a cap (tested once
+// per piece). With rmax, rmax[i] = the largest capped score of row i (a piece with no mask to apply).
 template <class A>
 void cap_tile(A* S, Index n, Index tk, Index lds, A c, A* F, A* rmax = nullptr) {
   const Tag<A> d;
+  using V = hn::Vec<decltype(d)>;
   const Index N = static_cast<Index>(hn::Lanes(d));
-  const auto vc = hn::Set(d, c), k = hn::Set(d, A(-2 * kLog2e) / c), one = hn::Set(d, A(1)), four = hn::Set(d, A(4));
-  const auto ninf = hn::Set(d, -std::numeric_limits<A>::infinity());
+  const V vc = hn::Set(d, c), k = hn::Set(d, A(-2 * kLog2e) / c), inv = hn::Set(d, A(1) / c);
+  const V one = hn::Set(d, A(1)), four = hn::Set(d, A(4)), small = hn::Set(d, A(0.125));
+  const V ninf = hn::Set(d, -std::numeric_limits<A>::infinity());
+  // tanh x = x - x^3 q(x^2), q(z) = 1/3 - 2/15 z + 17/315 z^2 - ...: its coefficients from the x^17
+  // term's down to the x^3 term's (the Bernoulli numbers' 2^2n (2^2n - 1) B_2n / (2n)!, signs flipped)
+  static constexpr A kQ[] = {A(-5.90027440945586e-4), A(1.4558343870513183e-3), A(-3.592128036572481e-3),
+                             A(8.863235529902197e-3), A(-2.1869488536155203e-2), A(5.396825396825397e-2),
+                             A(-0.13333333333333333), A(0.3333333333333333)};
   for (Index i = 0; i < n; ++i) {
-    auto m = ninf;
+    V m = ninf;
     for (Index j = 0; j < tk; j += N) {
       const auto mask = hn::FirstN(d, static_cast<size_t>(std::min<Index>(N, tk - j)));
-      const auto x = hn::MaskedLoad(mask, d, S + i * lds + j);
-      const auto u = Exp2(d, hn::Mul(hn::Abs(x), k));
-      const auto r = hn::Div(one, hn::Add(one, u));
-      const auto y = hn::Mul(vc, hn::CopySign(hn::Mul(hn::Sub(one, u), r), x));
+      const V x = hn::MaskedLoad(mask, d, S + i * lds + j);
+      const V u = Exp2(d, hn::Mul(hn::Abs(x), k));
+      const V r = hn::Div(one, hn::Add(one, u));
+      V t = hn::CopySign(hn::Mul(hn::Sub(one, u), r), x);  // tanh(x / c)
+      V f = hn::Mul(hn::Mul(four, u), hn::Mul(r, r));      // 1 - tanh^2
+      const V xs = hn::Mul(x, inv), x2 = hn::Mul(xs, xs);
+      const auto near0 = hn::Lt(hn::Abs(xs), small);
+      if (!hn::AllFalse(d, hn::And(near0, mask))) {
+        V q = hn::Set(d, kQ[0]);
+        for (const A cq : std::span(kQ).subspan(1)) q = hn::MulAdd(q, x2, hn::Set(d, cq));
+        const V ts = hn::NegMulAdd(hn::Mul(xs, x2), q, xs);
+        t = hn::IfThenElse(near0, ts, t);
+        f = hn::IfThenElse(near0, hn::NegMulAdd(ts, ts, one), f);
+      }
+      const V y = hn::Mul(vc, t);
       hn::BlendedStore(y, mask, d, S + i * lds + j);
-      if (F) hn::BlendedStore(hn::Mul(hn::Mul(four, u), hn::Mul(r, r)), mask, d, F + i * lds + j);
+      if (F) hn::BlendedStore(f, mask, d, F + i * lds + j);
       m = hn::Max(m, hn::IfThenElse(mask, y, ninf));
     }
     if (rmax) rmax[i] = hn::GetLane(hn::MaxOfLanes(d, m));

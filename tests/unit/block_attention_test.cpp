@@ -237,10 +237,11 @@ std::vector<Case> packed_cases() {
 
 double rel(const std::vector<double>& x, const std::vector<double>& ref) { return max_rel_error(x, ref); }
 
-// With extras: a soft cap that bends the scores (|s| of order 1 against a cap of 0.7), a sink per
-// head (head 0 without one) and a gradient into LSE.
+// With extras: a soft cap (by default 0.7, which bends scores of order 1), a sink per head (head 0
+// without one) and a gradient into LSE.
 template <class T>
-void expect_matches_reference(double tol, const std::vector<Case>& all = cases(), bool extras = false) {
+void expect_matches_reference(double tol, const std::vector<Case>& all = cases(), bool extras = false,
+                              double cap = 0.7) {
   for (const Case& c : all) {
     SCOPED_TRACE(c.name);
     const Global g = random_inputs(c.s, 11);
@@ -250,7 +251,7 @@ void expect_matches_reference(double tol, const std::vector<Case>& all = cases()
     const double scale = 1.0 / std::sqrt(double(c.s.D));
     AttentionExtras x;
     if (extras) {
-      x.softcap = 0.7;
+      x.softcap = cap;
       for (Index h = 0; h < c.s.H; ++h) x.sinks.push_back(h == 0 ? -INFINITY : 0.5 * double(h) - 0.6);
       x.dlse = random_inputs(Shape{c.s.B, c.s.S, c.s.H, c.s.H, 1}, 12).q;  // [B, S, H, 1] read as [B, H, S]
       for (double& v : x.dlse) v = value_cast<double>(static_cast<accum_t<T>>(v));
@@ -312,6 +313,20 @@ TEST(BlockAttention, SoftcapSinksAndLseGradientMatchDenseReference) {
     expect_matches_reference<float>(2e-5, cases(), true);
     expect_matches_reference<float>(2e-5, packed_cases(), true);
     expect_matches_reference<bf16>(2e-5, cases(), true);
+  });
+}
+
+// A cap far above the scores bends them by s^3 / (3 c^2): capped, they are the scores to rounding,
+// and so is the result (tanh as (1 - e^-2x) / (1 + e^-2x) alone cancelled to a few bits of it, and a
+// cap of 1e10 gave uniform attention in f32).
+TEST(BlockAttention, CapsFarAboveTheScoresKeepTheirPrecision) {
+  on_every_target([] {
+    for (double cap : {8.0, 1e3, 1e6, 1e10}) {
+      SCOPED_TRACE("softcap " + std::to_string(cap));
+      expect_matches_reference<float>(2e-5, cases(), true, cap);
+      expect_matches_reference<double>(1e-12, cases(), true, cap);
+    }
+    expect_matches_reference<double>(1e-12, cases(), true, 1e30);
   });
 }
 

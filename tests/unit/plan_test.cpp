@@ -211,7 +211,7 @@ TEST(Plan, SinksOnePerQueryHeadAndLogits) {
   EXPECT_NO_THROW(make_attention_plan(o, 1, cli_names()));
 }
 
-TEST(Plan, SoftcapZeroIsNoneAndANegativeOneIsRefused) {
+TEST(Plan, SoftcapZeroIsNoneAndANegativeOrVanishingOneIsRefused) {
   PlanOptions o = small();
   o.softcap = 0.0;  // flash-attn's softcap=0.0: no capping
   EXPECT_EQ(make_attention_plan(o, 1, cli_names()).softcap, 0.0);
@@ -219,6 +219,13 @@ TEST(Plan, SoftcapZeroIsNoneAndANegativeOneIsRefused) {
   expect_refused(o, 1, Option::softcap, "--softcap: -1 is not a cap");
   o.softcap = INFINITY;
   expect_refused(o, 1, Option::softcap, "--softcap: inf is not a cap");
+  o.softcap = 1e-46;  // 0 in float32: it would cap nothing
+  expect_refused(o, 1, Option::softcap, "--softcap: 1e-46 is below the least cap f32's arithmetic takes");
+  o.softcap = 1e-30;
+  EXPECT_EQ(make_attention_plan(o, 1, cli_names()).softcap, 1e-30);
+  o.dtype = "f64";
+  o.softcap = 1e-100;
+  EXPECT_EQ(make_attention_plan(o, 1, cli_names()).softcap, 1e-100);
 }
 
 // f32 (the default) or bf16; bf16 only with bf16 storage, where it reaches the strategy's setup.

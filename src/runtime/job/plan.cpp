@@ -129,6 +129,12 @@ double checked_softcap(const PlanOptions& o, DType dtype, const OptionNames& n) 
   if (dtype != DType::f64 && !std::isfinite(static_cast<float>(c)))
     fail(n, Option::softcap, fmt::format("@softcap: {:g} overflows {}'s float32 arithmetic (expected c <= {:g})", c,
                                          core::dtype_name(dtype), double(std::numeric_limits<float>::max())));
+  // The kernels scale by c and by 1 / c: a cap that their arithmetic rounds to 0 (or whose inverse
+  // overflows) would cap nothing, silently.
+  const double least = dtype == DType::f64 ? 1e-300 : 1e-30;
+  if (c > 0 && c < least)
+    fail(n, Option::softcap, fmt::format("@softcap: {:g} is below the least cap {}'s arithmetic takes (expected c >= "
+                                         "{:g}, or 0 for none)", c, core::dtype_name(dtype), least));
   return c;
 }
 
