@@ -53,7 +53,7 @@ class KVCache {
     o.capacity = capacity;
     o.timeout_s = timeout;
     o.merge = merge;
-    const auto& names = ringattn::runtime::python_names();
+    const auto& names = ringattn::runtime::python_cache_names();
     ringattn::core::DType t = ringattn::core::DType::f32;
     ringattn::runtime::agreed(*comm_, [&] { t = ringattn::runtime::parse_dtype(dtype, names); });
     ringattn::core::with_storage(t, [&]<class S>() {

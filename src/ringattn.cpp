@@ -333,7 +333,7 @@ void check_prompt_kv(const KVCacheOptions& c, Index L, Index prompt_len, std::sp
 template <class S>
 KVCache<S>::KVCache(comm::Comm comm, const KVCacheOptions& options)
     : comm_(std::make_unique<comm::Comm>(std::move(comm))) {
-  const auto& names = runtime::cpp_names();
+  const auto& names = runtime::cpp_cache_names();
   // The shard's constructor checks the options on this rank alone: built inside the agreement, so
   // that one rank's bad option raises on every rank.
   agreed_setup(*comm_, "building the KV cache", [&] {

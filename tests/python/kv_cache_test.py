@@ -137,6 +137,10 @@ def main():
                                                                   t(1, 1)), "different q, k or v")
              if N > 1 else True,
              raises("merge", lambda: ringattn.KVCache(1, 2, 1, 8, merge="tree"), "merge: 'tree' is not a merge"),
+             # the cache's own arguments named, not attention()'s
+             raises("batch 0", lambda: ringattn.KVCache(0, 2, 1, 8), "batch: 0 is not a positive size"),
+             raises("heads over kv_heads", lambda: ringattn.KVCache(1, 3, 2, 8), "kv_heads: H=3"),
+             raises("prompt_len 0", lambda: cache.positions(0), "prompt_len: 0 is not a positive size"),
              raises("over capacity", lambda: cache.decode(t(3, 2), t(3, 1), t(3, 1)), "capacity"),
              raises("another dtype", lambda: cache.decode(t(1, 2, torch.float32), t(1, 1, torch.float32),
                                                           t(1, 1, torch.float32)), "dtype"),

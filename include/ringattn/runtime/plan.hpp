@@ -46,6 +46,11 @@ struct OptionNames {
 const OptionNames& cli_names();     // --seq, --kv-heads, --ulysses-degree, ...
 const OptionNames& cpp_names();     // shape.S, shape.HKV, ulysses_degree, ... (AttentionOptions' members)
 const OptionNames& python_names();  // seq_len, H, ulysses_degree, ... (ringattn.attention's arguments)
+// The same for the KV cache, whose shape is its own arguments (batch, heads, kv_heads, head_dim) and
+// whose length is the prompt's: `ringattn decode` (--cache-len), KVCacheOptions, ringattn.KVCache.
+const OptionNames& cli_cache_names();
+const OptionNames& cpp_cache_names();
+const OptionNames& python_cache_names();
 
 // An InputError about one option, its message already in the entry point's words.
 struct OptionError : InputError {

@@ -167,7 +167,7 @@ DecodeResult run_typed(const comm::Comm& comm, const DecodeConfig& c, const core
   ko.capacity = S_all;
   ko.merge = c.merge;
   std::unique_ptr<KVCacheShard<S>> cache;
-  agreed(comm, [&] { cache = std::make_unique<KVCacheShard<S>>(comm, ko, cli_names()); });
+  agreed(comm, [&] { cache = std::make_unique<KVCacheShard<S>>(comm, ko, cli_cache_names()); });
 
   // The prompt: this rank's positions of the global tensors, attended (the ring forward) or only
   // kept; the generated K/V are freed once the cache holds them.
@@ -272,7 +272,7 @@ DecodeResult run_typed(const comm::Comm& comm, const DecodeConfig& c, const core
   res.stream_bytes_per_s = res.rank_stream_bytes_per_s[0];
 
   // The prompt's O and LSE (attended only), gathered to rank 0 in global order.
-  const core::Layout prompt_layout = make_layout(c.layout, S0, N, {}, true, c.window.value_or(0), cli_names());
+  const core::Layout prompt_layout = make_layout(c.layout, S0, N, {}, true, c.window.value_or(0), cli_cache_names());
   std::vector<double> o_prefill, lse_prefill;
   if (attend) {
     std::vector<double> o0d(o0.begin(), o0.end()), lse0d(lse0.begin(), lse0.end());
@@ -346,7 +346,7 @@ DecodeResult run_timing_only(const comm::Comm& comm, const DecodeConfig& c, cons
   const int N = comm.size(), r = comm.rank();
   const Index B = s0.B, H = s0.H, HKV = s0.HKV, D = s0.D, S0 = c.cache_len, T = c.new_tokens, K = c.steps;
   const Index W = c.window.value_or(0);
-  const core::Layout layout = make_layout(c.layout, S0, N, {}, true, W, cli_names());
+  const core::Layout layout = make_layout(c.layout, S0, N, {}, true, W, cli_cache_names());
   const auto prompt = layout.positions(r);
   DecodeResult res;
   res.shape = core::Shape{B, S0 + K * T, H, HKV, D};
@@ -492,14 +492,14 @@ DecodeResult run_decode(comm::Comm& comm, const DecodeConfig& c) {
     s = core::Shape{c.batch.value_or(kDefaultBatch), c.cache_len + c.steps * c.new_tokens,
                     c.heads.value_or(kDefaultHeads), 0, c.head_dim.value_or(kDefaultHeadDim)};
     s.HKV = c.kv_heads.value_or(s.H);
-    check_shape(s, cli_names());
-    dtype = parse_dtype(c.dtype, cli_names());
+    check_shape(s, cli_cache_names());
+    dtype = parse_dtype(c.dtype, cli_cache_names());
     if (c.timeout_s && !(std::isfinite(*c.timeout_s) && *c.timeout_s >= 0))
       throw InputError(fmt::format("--timeout: {} is not a time (expected SEC >= 0; 0 disables the watchdog)",
                                    *c.timeout_s));
     if (c.prefill != "attend" && c.prefill != "load")
       throw InputError(fmt::format("--prefill: '{}' is not a prefill (expected attend or load)", c.prefill));
-    check_merge(c.merge, cli_names());
+    check_merge(c.merge, cli_cache_names());
     if (c.stream_mib < 0) throw InputError(fmt::format("--stream-mib: {} is negative", c.stream_mib));
     if (c.timing_only) {
       if (!comm::simulated())
@@ -537,7 +537,7 @@ DecodeResult run_decode(comm::Comm& comm, const DecodeConfig& c) {
   res.simd = core::simd::current();
   res.dtype = core::dtype_name(dtype);
   res.layout = core::layout_name(make_layout(c.layout, c.cache_len, comm.size(), {}, true, c.window.value_or(0),
-                                             cli_names()).kind());
+                                             cli_cache_names()).kind());
   res.mask = c.window ? fmt::format("causal window {}", *c.window) : "causal";
   res.report = report_json(c, res);
   if (comm.rank() == 0) staged.set_report(res.report.dump() + "\n");

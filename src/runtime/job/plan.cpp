@@ -293,6 +293,30 @@ const OptionNames& python_names() {
   return n;
 }
 
+namespace {
+OptionNames with_cache_shape(OptionNames n, std::array<const char*, 5> shape) {
+  for (std::size_t i = 0; i < shape.size(); ++i) n.name[i] = shape[i];  // seq, batch, heads, kv_heads, head_dim
+  return n;
+}
+}  // namespace
+
+const OptionNames& cli_cache_names() {
+  static const OptionNames n =
+      with_cache_shape(cli_names(), {"--cache-len", "--batch", "--heads", "--kv-heads", "--head-dim"});
+  return n;
+}
+
+const OptionNames& cpp_cache_names() {
+  static const OptionNames n = with_cache_shape(cpp_names(), {"prompt_len", "batch", "heads", "kv_heads", "head_dim"});
+  return n;
+}
+
+const OptionNames& python_cache_names() {
+  static const OptionNames n =
+      with_cache_shape(python_names(), {"prompt_len", "batch", "heads", "kv_heads", "head_dim"});
+  return n;
+}
+
 const char* precision_name(core::Precision p) { return p == core::Precision::bf16 ? "bf16" : "f32"; }
 
 core::Precision parse_precision(const std::string& name, DType dtype, const OptionNames& n) {
