@@ -54,7 +54,7 @@ void print_probe(const ProbeConfig& c, const Probe& p) {
   const core::Shape& s = p.shape;
   fmt::print("ringattn probe: {} {}{}, {}, layout {} over N={} ranks\n", s.str(), core::dtype_name(p.dtype),
              p.precision == core::Precision::bf16 ? " (precision bf16)" : "", c.causal ? "causal" : "non-causal",
-             c.layout, p.N);
+             p.layout, p.N);
   fmt::print("\nstep 1: ring sendrecv, rank r -> r+1 while r-1 -> r (one-way GB/s per rank; slowest rank's median)\n");
   if (p.bandwidth.empty()) {
     fmt::print("  N=1: no neighbour, nothing travels; no bandwidth to measure (run under mpirun -np 2 or more)\n");
@@ -107,7 +107,7 @@ Command add_probe_command(CLI::App& parent) {
                     "f32 (default) or bf16: P rounded to bf16 so the kernels' products run on bf16 dot products "
                     "(--dtype bf16 only)");
   probe->add_flag("--causal", c.causal, "causal mask j <= i for the ring run (half the pairs are useful)");
-  probe->add_option("--layout", c.layout, "contiguous, striped or zigzag (default contiguous)");
+  probe->add_option("--layout", c.layout, "auto, contiguous, striped or zigzag (default auto: zigzag with --causal, contiguous otherwise)");
   add_integer(probe, "--min-bytes", c.bw.min_bytes, "smallest message of the bandwidth table")->capture_default_str();
   add_integer(probe, "--max-bytes", c.bw.max_bytes, "largest message of the bandwidth table")->capture_default_str();
   add_integer(probe, "--iters", c.bw.iters, "timed repetitions of each measurement, at most (at least 3 unless fewer)")

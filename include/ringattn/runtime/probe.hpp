@@ -50,6 +50,7 @@ struct Probe {  // everything measured and derived, as rank 0 reports it
   core::Shape shape;
   core::Precision precision = core::Precision::f32;
   core::DType dtype;
+  std::string layout;  // the ring run's, resolved (auto: zigzag with --causal, contiguous otherwise)
   int N = 1;
   Index L = 0;              // largest shard: the block the kernel is timed on and the ring moves
   double block_bytes = 0;   // one K/V block: 2 B L HKV D p

@@ -479,10 +479,10 @@ DecodeResult run_decode(comm::Comm& comm, const DecodeConfig& c) {
   core::Shape s;
   core::DType dtype = core::DType::f32;
   agreed(comm, [&] {
-    if (c.cache_len < 1) throw InputError(fmt::format("--cache-len: {} is not >= 1", c.cache_len));
+    if (c.cache_len < 1) throw InputError(fmt::format("--cache-len: {} is not >= 1 (expected a prompt of at least one position)", c.cache_len));
     if (c.new_tokens < 1)
       throw InputError(fmt::format("--new-tokens: {} is not >= 1 (a decode step adds T >= 1 tokens)", c.new_tokens));
-    if (c.steps < 0) throw InputError(fmt::format("--steps: {} is negative", c.steps));
+    if (c.steps < 0) throw InputError(fmt::format("--steps: {} is negative (expected a number of decode steps >= 0)", c.steps));
     // S0 + K T, the cache's length, without overflow
     constexpr Index kMaxLen = Index(1) << 50;
     if (c.cache_len > kMaxLen || (c.steps > 0 && c.new_tokens > (kMaxLen - c.cache_len) / c.steps))
@@ -500,7 +500,7 @@ DecodeResult run_decode(comm::Comm& comm, const DecodeConfig& c) {
     if (c.prefill != "attend" && c.prefill != "load")
       throw InputError(fmt::format("--prefill: '{}' is not a prefill (expected attend or load)", c.prefill));
     check_merge(c.merge, cli_cache_names());
-    if (c.stream_mib < 0) throw InputError(fmt::format("--stream-mib: {} is negative", c.stream_mib));
+    if (c.stream_mib < 0) throw InputError(fmt::format("--stream-mib: {} is negative (expected MiB >= 0; 0: no stream measurement)", c.stream_mib));
     if (c.timing_only) {
       if (!comm::simulated())
         throw InputError("--timing-only: only the SimGrid/SMPI simulation build charges counted work (scripts/simulate.sh)");

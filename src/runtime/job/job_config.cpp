@@ -57,8 +57,8 @@ std::string shape_str(const std::vector<Index>& v) {
 }
 
 void check_run_options(const JobConfig& c) {
-  if (c.iters < 1) throw InputError(fmt::format("--iters: {} is not >= 1", c.iters));
-  if (c.warmup < 0) throw InputError(fmt::format("--warmup: {} is negative", c.warmup));
+  if (c.iters < 1) throw InputError(fmt::format("--iters: {} is not >= 1 (expected a number of timed iterations >= 1)", c.iters));
+  if (c.warmup < 0) throw InputError(fmt::format("--warmup: {} is negative (expected a number of untimed iterations >= 0)", c.warmup));
   // The layer's reference and outputs have no soft-capping and no sink gradient; its projections
   // are f32 or f64, where bf16 products do not apply.
   for (const auto& [option, given] : {std::pair{"--softcap", c.softcap.value_or(0) != 0},

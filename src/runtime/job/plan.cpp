@@ -96,7 +96,7 @@ void check_mask(const PlanOptions& o, const OptionNames& n) {
 
 double checked_scale(const PlanOptions& o, DType dtype, const OptionNames& n) {
   const double scale = o.scale ? *o.scale : 1.0 / std::sqrt(double(o.shape.D));
-  if (!std::isfinite(scale)) fail(n, Option::scale, fmt::format("@scale: {} is not a finite number", scale));
+  if (!std::isfinite(scale)) fail(n, Option::scale, fmt::format("@scale: {} is not a finite number (expected a finite scale)", scale));
   // The scores are computed in the accumulation type: the scale must be a finite number there too.
   if (dtype != DType::f64 && !std::isfinite(static_cast<float>(scale)))
     fail(n, Option::scale, fmt::format("@scale: {:g} overflows {}'s float32 arithmetic (expected |scale| <= {:g})",
@@ -140,7 +140,7 @@ double checked_softcap(const PlanOptions& o, DType dtype, const OptionNames& n) 
 
 // The strategy's rules: ulysses splits H over N; usp splits H and N over U.
 int checked_ulysses_degree(StrategyKind k, std::optional<int> given, Index H, int N, const OptionNames& n) {
-  if (given && *given < 1) fail(n, Option::ulysses_degree, fmt::format("@ulysses_degree: {} is not >= 1", *given));
+  if (given && *given < 1) fail(n, Option::ulysses_degree, fmt::format("@ulysses_degree: {} is not >= 1 (expected a group size U >= 1)", *given));
   if (given && k != StrategyKind::usp)
     fail(n, Option::ulysses_degree,
          fmt::format("@ulysses_degree: only applies with @strategy usp (@strategy {} uses U = {})", strategy_name(k),

@@ -219,6 +219,7 @@ Probe probe_typed(const comm::Comm& comm, const ProbeConfig& c, const AttentionP
   p.shape = shape;
   p.dtype = plan.dtype;
   p.precision = plan.precision;
+  p.layout = core::layout_name(plan.layout.kind());
   p.N = comm.size();
   p.L = plan.layout.max_size();
   const double elem = double(sizeof(T));
@@ -294,7 +295,7 @@ Probe run_probe(const comm::Comm& comm, const ProbeConfig& c) {
   // Every rank validates its options; the ranks agree on the verdict before any message.
   AttentionPlan plan;
   agreed(comm, [&] {
-    if (c.bw.iters < 1) throw InputError(fmt::format("--iters: {} is not >= 1", c.bw.iters));
+    if (c.bw.iters < 1) throw InputError(fmt::format("--iters: {} is not >= 1 (expected a number of repetitions >= 1)", c.bw.iters));
     if (!(c.budget_s > 0))
       throw InputError(fmt::format("--budget: {} is not a positive time (expected SEC > 0)", c.budget_s));
     core::Shape s{c.batch.value_or(kDefaultBatch), c.seq.value_or(kDefaultSeq), c.heads.value_or(kDefaultHeads), 0,
@@ -304,7 +305,7 @@ Probe run_probe(const comm::Comm& comm, const ProbeConfig& c) {
     bool usp = false;
     for (const std::string& name : c.strategies) usp = usp || parse_strategy(name, cli_names()) == StrategyKind::usp;
     if (c.ulysses_degree && *c.ulysses_degree < 1)
-      throw InputError(fmt::format("--ulysses-degree: {} is not >= 1", *c.ulysses_degree));
+      throw InputError(fmt::format("--ulysses-degree: {} is not >= 1 (expected a group size U >= 1)", *c.ulysses_degree));
     if (c.ulysses_degree && !usp) throw InputError("--ulysses-degree: only applies when --strategies names usp");
   });
   return core::with_storage(plan.dtype, [&]<class T>() { return probe_typed<T>(comm, c, plan); });
@@ -323,7 +324,7 @@ io::Json probe_json(const ProbeConfig& c, const Probe& p) {
   cfg["dtype"] = core::dtype_name(p.dtype);
   cfg["precision"] = precision_name(p.precision);
   cfg["causal"] = c.causal;
-  cfg["layout"] = c.layout;
+  cfg["layout"] = p.layout;
   cfg["min_bytes"] = c.bw.min_bytes;
   cfg["max_bytes"] = c.bw.max_bytes;
   cfg["iters"] = c.bw.iters;
