@@ -70,7 +70,7 @@ Command add_decode_command(CLI::App& parent) {
   add_integer(d, "--kv-heads", c.kv_heads, "key/value heads HKV, H % HKV == 0 (default H)");
   add_integer(d, "--head-dim", c.head_dim, fmt::format("head dim D (default {})", runtime::kDefaultHeadDim));
   d->add_option("--dtype", c.dtype, "bf16, f16, f32 or f64: the cache's storage (default f32)");
-  d->add_option("--layout", c.layout, "the prompt's layout: auto (zigzag), contiguous, striped or zigzag");
+  d->add_option("--layout", c.layout, "the prompt's layout: auto (zigzag; contiguous with --window), contiguous, striped or zigzag");
   add_integer(d, "--window", c.window, "causal sliding window W: i-W < j <= i");
   d->add_option("--scale", c.scale, "softmax scale (default 1/sqrt(D))");
   add_integer(d, "--seed", c.seed, "seed of the generated q, k, v (default 0)");

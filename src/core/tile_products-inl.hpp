@@ -120,6 +120,11 @@ HWY_NOINLINE void score_block(D d, const T* HWY_RESTRICT A, Index lda, Index dep
   // The last depth step is peeled: each row's outputs are stored right after its last FMAs, so the
   // stores spread over that step instead of queueing behind it (on Zen 5, 24 zmm stores at the end
   // of a depth-64 block cost 6% of its time; spread, 5%). The sums and their order are unchanged.
+  if (depth <= 0) {  // nothing to sum: the block's outputs are zeros
+    RINGATTN_SCORE_OUT(0) RINGATTN_SCORE_OUT(1) RINGATTN_SCORE_OUT(2) RINGATTN_SCORE_OUT(3)
+    RINGATTN_SCORE_OUT(4) RINGATTN_SCORE_OUT(5) RINGATTN_SCORE_OUT(6) RINGATTN_SCORE_OUT(7)
+    return;
+  }
   Index k = 0;
   auto step = [&](V& b0, V& b1, V& b2, V& b3) HWY_ATTR {
     const T* b = BT + k * ldb;
@@ -136,7 +141,7 @@ HWY_NOINLINE void score_block(D d, const T* HWY_RESTRICT A, Index lda, Index dep
     RINGATTN_FMA_ROW(4) RINGATTN_FMA_ROW(5) RINGATTN_FMA_ROW(6) RINGATTN_FMA_ROW(7)
   }
   V b0, b1, b2, b3;
-  step(b0, b1, b2, b3);  // depth >= 1: k = depth - 1
+  step(b0, b1, b2, b3);  // k = depth - 1
   RINGATTN_FMA_ROW(0) RINGATTN_SCORE_OUT(0) RINGATTN_FMA_ROW(1) RINGATTN_SCORE_OUT(1)
   RINGATTN_FMA_ROW(2) RINGATTN_SCORE_OUT(2) RINGATTN_FMA_ROW(3) RINGATTN_SCORE_OUT(3)
   RINGATTN_FMA_ROW(4) RINGATTN_SCORE_OUT(4) RINGATTN_FMA_ROW(5) RINGATTN_SCORE_OUT(5)

@@ -75,7 +75,7 @@ def test_load_and_merge_checked():
         check(p.returncode == 2 and len(lines) == 1 and needle in lines[0],
               f"{bad}: exit {p.returncode}, {lines[:2]}")
     # ranks started with different options: exit 2 on every rank, naming the option, in seconds
-    for opt, a, b in (("--prefill", "load", "attend"), ("--steps", "2", "3"), ("--timeout", "-1", "30"),
+    for opt, a, b in (("--prefill", "load", "attend"), ("--steps", "2", "3"), ("--timeout", "20", "30"),
                       ("--merge", "gather", "allreduce")):
         side = lambda v: ["-np", "1", ARGS.binary, "decode", *SHAPE, "--stream-mib", "0", opt, v]
         p = run([ARGS.mpirun, "--oversubscribe", *side(a), ":", *side(b)], timeout=60)

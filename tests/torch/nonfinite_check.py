@@ -100,6 +100,7 @@ def worker():
     SINKS = [0.5, -math.inf, 1.0, 0.0, 2.0, -1.0]
     SINK_PLANT = {
         "q -inf, sink": ("q", (1, 12, 2, 3), -math.inf),
+        "q -inf, sink, kv 1": ("q", (0, 3, 4, 5), -math.inf),  # head 4, kv head 1 (the all-gather's group 1)
         "q -inf, -inf sink": ("q", (0, 6, 1, 3), -math.inf),
         "q nan, sink": ("q", (1, 11, 3, 2), math.nan),
     }

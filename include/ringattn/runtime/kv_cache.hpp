@@ -35,7 +35,7 @@ namespace ringattn::runtime {
 struct KVCacheOptions {
   Index batch = 1, heads = 1, kv_heads = 1, head_dim = 1;
   std::string dtype = "f32";    // storage of q, k, v and the cache
-  std::string layout = "auto";  // the prompt's layout over the ranks (auto: zigzag)
+  std::string layout = "auto";  // the prompt's layout over the ranks (auto: zigzag; contiguous with a window)
   std::optional<Index> window;  // causal sliding window W
   std::optional<double> scale;  // default 1/sqrt(D)
   std::optional<Index> capacity;  // positions the cache may hold in all (prompt + decoded); empty: no limit

@@ -466,11 +466,22 @@ void admit_decode_memory(const DecodeConfig& c, const core::Shape& s, core::DTyp
   if (c.prefill == "attend") m.add("the prompt's Q and O", L * q * (es + acc));
   m.add("the cache's decoded positions", dec * kv);
   m.add("every step's O and LSE", double(c.steps) * double(c.new_tokens) * (q + double(s.B * s.H)) * 8.0);
-  const bool prompt = 2 * L * kv >= dec * kv;
-  admit_memory(m, prompt ? "--cache-len" : "--steps",
+  // rank 0, with --check or --out: the global q, k, v in float64 (and as stored, for --out)
+  const double all = double(s.S), qkv = all * (q + kv / es);  // values
+  if (c.check || !c.out.empty()) m.add("rank 0's global q, k, v", qkv * (8.0 + (c.out.empty() ? 0.0 : es)));
+  if (c.check) m.add("rank 0's float64 reference, O and dO", all * (2 * q + double(s.B * s.H)) * 8.0);
+  const double stream =
+      c.stream_mib > 0 && !comm::simulated() ? std::max(double(c.stream_mib) * 1048576.0 / N, 268435456.0) : 0.0;
+  if (stream > 0) m.add("the stream measurement's buffer", stream);
+  const double prompt = 2 * L * kv, decoded = dec * kv;
+  const char* culprit = stream > prompt && stream > decoded ? "--stream-mib" : prompt >= decoded ? "--cache-len" : "--steps";
+  const std::string_view hint = stream > prompt && stream > decoded ? "a smaller --stream-mib, or 0"
+                                : prompt >= decoded                ? "a shorter --cache-len, or more ranks"
+                                                                   : "fewer --steps or --new-tokens, or more ranks";
+  admit_memory(m, culprit,
                fmt::format("a cache of {} + {} x {} positions, {} ({})", c.cache_len, c.steps, c.new_tokens,
                            s.str(), core::dtype_name(dtype)),
-               prompt ? "a shorter --cache-len, or more ranks" : "fewer --steps or --new-tokens, or more ranks");
+               std::string(hint));
 }
 
 }  // namespace
@@ -486,8 +497,9 @@ DecodeResult run_decode(comm::Comm& comm, const DecodeConfig& c) {
     // S0 + K T, the cache's length, without overflow
     constexpr Index kMaxLen = Index(1) << 50;
     if (c.cache_len > kMaxLen || (c.steps > 0 && c.new_tokens > (kMaxLen - c.cache_len) / c.steps))
-      throw InputError(fmt::format("--steps: --cache-len {} + --steps {} x --new-tokens {} positions is over 2^50 "
-                                   "(expected a cache of at most 2^50 positions)", c.cache_len, c.steps,
+      throw InputError(fmt::format("{}: --cache-len {} + --steps {} x --new-tokens {} positions is over 2^50 "
+                                   "(expected a cache of at most 2^50 positions)",
+                                   c.cache_len > kMaxLen ? "--cache-len" : "--steps", c.cache_len, c.steps,
                                    c.new_tokens));
     s = core::Shape{c.batch.value_or(kDefaultBatch), c.cache_len + c.steps * c.new_tokens,
                     c.heads.value_or(kDefaultHeads), 0, c.head_dim.value_or(kDefaultHeadDim)};

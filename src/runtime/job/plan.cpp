@@ -346,10 +346,12 @@ void check_sinks(std::span<const double> sinks, Index H, DType dtype, const Opti
     if (std::isnan(x) || x == std::numeric_limits<double>::infinity())
       fail(n, Option::sinks, fmt::format("@sinks: {} for head {} is not a logit (expected a finite number, or -inf "
                                          "for no sink)", x, h));
-    if (dtype != DType::f64 && std::isfinite(x) && !std::isfinite(static_cast<float>(x)))
+    // the kernels merge a sink in log2 units (x log2 e), in float32 unless the storage is f64
+    constexpr double kLog2e = 1.4426950408889634;
+    const double most = double(std::numeric_limits<float>::max()) / kLog2e;
+    if (dtype != DType::f64 && std::isfinite(x) && !(std::abs(x) <= most))
       fail(n, Option::sinks, fmt::format("@sinks: {:g} for head {} overflows {}'s float32 arithmetic (expected "
-                                         "|sink| <= {:g})", x, h, core::dtype_name(dtype),
-                                         double(std::numeric_limits<float>::max())));
+                                         "|sink| <= {:g})", x, h, core::dtype_name(dtype), most));
   }
 }
 
