@@ -473,15 +473,16 @@ void admit_decode_memory(const DecodeConfig& c, const core::Shape& s, core::DTyp
   const double stream =
       c.stream_mib > 0 && !comm::simulated() ? std::max(double(c.stream_mib) * 1048576.0 / N, 268435456.0) : 0.0;
   if (stream > 0) m.add("the stream measurement's buffer", stream);
+  // the option to blame: the largest of the stream buffer, the prompt and the decoded positions
   const double prompt = 2 * L * kv, decoded = dec * kv;
-  const char* culprit = stream > prompt && stream > decoded ? "--stream-mib" : prompt >= decoded ? "--cache-len" : "--steps";
-  const std::string_view hint = stream > prompt && stream > decoded ? "a smaller --stream-mib, or 0"
-                                : prompt >= decoded                ? "a shorter --cache-len, or more ranks"
-                                                                   : "fewer --steps or --new-tokens, or more ranks";
+  const auto [culprit, hint] = stream > std::max(prompt, decoded)
+                                   ? std::pair{"--stream-mib", "a smaller --stream-mib, or 0"}
+                               : prompt >= decoded ? std::pair{"--cache-len", "a shorter --cache-len, or more ranks"}
+                                                   : std::pair{"--steps", "fewer --steps or --new-tokens, or more ranks"};
   admit_memory(m, culprit,
                fmt::format("a cache of {} + {} x {} positions, {} ({})", c.cache_len, c.steps, c.new_tokens,
                            s.str(), core::dtype_name(dtype)),
-               std::string(hint));
+               hint);
 }
 
 }  // namespace
