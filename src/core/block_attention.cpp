@@ -137,7 +137,7 @@ void init_online_state(const Packing& pk, OnlineState<A> st) {
 }
 
 template <class A>
-void finalize_forward(const Packing& pk, OnlineState<A> st, A* lse, const double* sinks) {
+void finalize_forward(const Packing& pk, OnlineState<A> st, A* lse, const double* sinks, bool every_row_sees_a_key) {
   const Index rows = pk.row_elems(), D = pk.D;
   constexpr double kLog2e = 1.4426950408889634;
   for (Index r = 0; r < rows; ++r) {
@@ -152,6 +152,12 @@ void finalize_forward(const Packing& pk, OnlineState<A> st, A* lse, const double
         st.m[r] = m;
         for (Index d = 0; d < D; ++d) a[d] *= c;
       }
+    }
+    if (st.l[r] == A(0) && every_row_sees_a_key) {  // keys seen, every score -inf: a NaN softmax
+      constexpr A kNaN = std::numeric_limits<A>::quiet_NaN();
+      std::fill_n(a, D, kNaN);
+      st.m[r] = st.l[r] = lse[r] = kNaN;
+      continue;
     }
     if (st.l[r] == A(0)) {  // no visible key: O = 0, LSE = -inf, never NaN
       std::fill_n(a, D, A(0));
@@ -221,8 +227,8 @@ template struct Workspace<float>;
 template struct Workspace<double>;
 template void init_online_state<float>(const Packing&, OnlineState<float>);
 template void init_online_state<double>(const Packing&, OnlineState<double>);
-template void finalize_forward<float>(const Packing&, OnlineState<float>, float*, const double*);
-template void finalize_forward<double>(const Packing&, OnlineState<double>, double*, const double*);
+template void finalize_forward<float>(const Packing&, OnlineState<float>, float*, const double*, bool);
+template void finalize_forward<double>(const Packing&, OnlineState<double>, double*, const double*, bool);
 template void add_sink_grad<float>(const Packing&, const float*, const float*, const double*, double*);
 template void add_sink_grad<double>(const Packing&, const double*, const double*, const double*, double*);
 

@@ -14,6 +14,7 @@ Then the bad calls: T = 0, a step whose q differs on one rank, a merge that is n
 its capacity, a dtype that is not the cache's (on every rank, or on one), a prompt shard of the wrong
 length on one rank, another merge on one rank, each the same error on every rank (none left waiting
 for a peer).
+Keys holding -inf that leave a row only -inf scores give that row a NaN softmax, as torch's.
 """
 import sys
 
@@ -105,6 +106,43 @@ def rounding(name, dtype, S0=19, T=3, B=1, H=2, HKV=1, D=8):
     return ok
 
 
+def infinite_keys(name, dtype, S0=6, T=2, K=2, B=1, H=2, HKV=1, D=8):
+    """Keys holding -inf where every query is positive (a prompt key and a decoded one), window 1: each
+    of their rows sees that key alone, so its only score is -inf and its softmax NaN (O and LSE), as
+    torch's; every other row is finite and right."""
+    S = S0 + K * T
+    g = torch.Generator().manual_seed(5)
+    q, k, v = (torch.randn(B, S, h, D, generator=g, dtype=torch.float64) for h in (H, HKV, HKV))
+    for pos, d in ((2, 5), (S0 + 1, 3)):
+        k[0, pos, 0, d] = -float("inf")
+        q[0, :, :, d] = q[0, :, :, d].abs() + 0.1
+    q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
+    o_ref, lse_ref = reference(q.double(), k.double(), v.double(), 1)
+    cache = ringattn.KVCache(B, H, HKV, D, dtype=dtype, window=1, capacity=S)
+    pos = cache.positions(S0)
+    o, lse = cache.prefill(q[:, pos], k[:, pos], v[:, pos], return_lse=True)
+    outs = [(o, lse, o_ref[:, pos], lse_ref[:, :, pos])]
+    for j in range(K):
+        sl = slice(S0 + j * T, S0 + (j + 1) * T)
+        od, ld = cache.decode(q[:, sl], k[:, sl], v[:, sl], return_lse=True)
+        outs.append((od, ld, o_ref[:, sl], lse_ref[:, :, sl]))
+    same, err, nan_rows = True, 0.0, 0
+    for step, (x, lx, r, lr) in enumerate(outs):
+        x, lx = x.double(), lx.double()
+        same = same and torch.equal(torch.isfinite(x), torch.isfinite(r)) and torch.equal(torch.isfinite(lx),
+                                                                                         torch.isfinite(lr))
+        if step == 0 or RANK == 0:  # the prompt's rows are this rank's; a step's are every rank's
+            nan_rows += int((~torch.isfinite(lr)).sum())
+        f = torch.isfinite(r)
+        err = max(err, (x[f] - r[f]).abs().max().item() if f.any() else 0.0)
+    planted = COMM.allreduce(nan_rows) == 2 * H  # both planted rows, every head, on some rank
+    ok = COMM.allreduce(int(same and err <= 1e-10 and planted), op=MPI.MIN) == 1
+    if RANK == 0:
+        print(f"{'ok ' if ok else 'BAD'} N={N} {name}: NaN exactly where torch's, max err {err:.2e} (tol 1e-10)",
+              flush=True)
+    return ok
+
+
 def raises(name, fn, needle):
     try:
         fn()
@@ -125,7 +163,8 @@ def main():
             case("bf16, T=2, contiguous", torch.bfloat16, 24, 2, 2, layout="contiguous"),
             case("f64 merged by gather, T=2", torch.float64, 21, 2, 3, merge="gather"),
             loaded("f32 prompt loaded, then decoded"),
-            rounding("bf16 O", torch.bfloat16), rounding("f16 O", torch.float16)]
+            rounding("bf16 O", torch.bfloat16), rounding("f16 O", torch.float16),
+            infinite_keys("-inf keys, window 1", torch.float64)]
     cache = ringattn.KVCache(1, 2, 1, 8, dtype=torch.float64, capacity=12)
     pos = cache.positions(10)
     x = torch.randn(1, 10, 2, 8, dtype=torch.float64)

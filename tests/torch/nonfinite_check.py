@@ -93,6 +93,9 @@ def worker():
         "k +inf": ("k", (1, 9, 0, 3), math.inf),  # some rows see +inf scores, others -inf ones
         "k nan at 0": ("k", (1, 0, 1, 0), math.nan),  # every row sees key 0
         "q nan at S-1": ("q", (0, S - 1, 5, 4), math.nan),
+        # every query of kv head 1 positive in d = 6: key 0's score is -inf for all of them, so the
+        # causal row 0, which sees key 0 alone, has only -inf scores and a NaN softmax (finite q)
+        "k -inf at 0": ("k", (0, 0, 1, 6), -math.inf),
     }
     # With attention sinks (one logit per query head; head 1's is -inf, no sink): a query holding -inf
     # where every key of its kv head is positive has only -inf scores. Its softmax is NaN without a
@@ -118,6 +121,9 @@ def worker():
         t[name][idx] = val
         if plant in SINK_PLANT and val == -math.inf:  # every key of the query's kv head positive in d
             t["k"][idx[0], :, idx[2] // G, idx[3]] = t["k"][idx[0], :, idx[2] // G, idx[3]].abs() + 0.1
+        if name == "k" and val == -math.inf:  # every query of the key's kv head positive in d
+            heads = slice(idx[2] * G, (idx[2] + 1) * G)
+            t["q"][idx[0], :, heads, idx[3]] = t["q"][idx[0], :, heads, idx[3]].abs() + 0.1
         return {n: x.to(dtype).double() for n, x in t.items()}  # the values ringattn sees
 
     def capped(s, cap):  # soft-capping, s -> cap tanh(s / cap): it takes an infinite score to +-cap

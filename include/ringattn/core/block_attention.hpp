@@ -17,8 +17,10 @@
 // LSE, dq, dk, dv) is non-finite exactly when it depends, through a visible (query, key) pair, on a
 // non-finite value (a row with a NaN or +inf score is NaN; 0 times a NaN of a visible pair is NaN; an
 // invisible pair carries nothing). A row that sees no key keeps O = 0, LSE = -inf and no gradient.
-// One difference from torch remains: a row whose visible scores are all -inf although its query is
-// finite (an infinite key, and no other key seen) is taken for a row that sees no key.
+// A row whose visible scores are all -inf (an infinite key or query, or a product past the float
+// range) has a NaN softmax, as torch's; the kernels cannot tell it from a row that sees no key, so
+// finalize_forward decides, told whether every row sees one (self-attention: each query sees its own
+// position's key under every Mask).
 #include <cstdint>
 #include <span>
 #include <string>
@@ -154,14 +156,18 @@ Work block_forward(const QueryShard<S>& q, const KVBlock<S>& kv, const Mask& mas
 
 // O = a / l in place (acc becomes O) and LSE = m + log l (natural log) into lse [rows]; m and l
 // stay, in the kernel's units, for the backward. A row with no visible key has O = 0, m = LSE = -inf
-// and l = 0; a row with a non-finite score has l = NaN, so O and LSE are NaN.
+// and l = 0; a row with a non-finite score has l = NaN, so O and LSE are NaN. every_row_sees_a_key:
+// the caller knows that each row saw at least one key (self-attention over the whole sequence), so
+// a row left with l = 0 saw only scores of -inf: its softmax is NaN, as torch's, and m, l, O and LSE
+// become NaN (the backward then gives NaN to its dq and to the dk and dv of the keys it sees).
 // Attention sinks: `sinks` [pk.H()] (natural-log logits, head h = g G + t of the packing; null:
 // none) join each row's softmax denominator and attend to no value. The row's state merges with
 // (m, l, a) = (sink_h, 1, 0) first, so the m and l the backward reads and LSE include it; a row with
 // no visible key then has O = 0 and LSE = sink_h (softmax over the sink alone), and a sink of -inf
 // changes nothing.
 template <class A>
-void finalize_forward(const Packing& pk, OnlineState<A> st, A* lse, const double* sinks = nullptr);
+void finalize_forward(const Packing& pk, OnlineState<A> st, A* lse, const double* sinks = nullptr,
+                      bool every_row_sees_a_key = false);
 
 // The sinks' gradient from this shard's rows (in row order, in double), added into dsinks [pk.H()]:
 //   dL/dsink_h = -sum_i P_sink,i delta_i,   P_sink,i = e^(sink_h - LSE_i)

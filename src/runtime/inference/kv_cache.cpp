@@ -301,7 +301,7 @@ DecodeStats KVCacheShard<S>::decode(Index T, const S* q, const S* k, const S* v,
   merge_partial_states(comm_, o_.merge, rows, D, state, merged);
   core::OnlineState<A> ms{merged.data(), merged.data() + rows, merged.data() + 2 * rows};
   std::vector<A> lse_p(rows);
-  core::finalize_forward(pq, ms, lse_p.data());
+  core::finalize_forward(pq, ms, lse_p.data(), nullptr, /*every_row_sees_a_key=*/true);
   st.merge_s = comm::wtime() - t_merge;
   if (o) core::unpack_heads(pq, ms.acc, o);
   if (lse)  // row stats [B, HKV, T, G] -> [B, H, T]

@@ -335,7 +335,7 @@ PassStats AllGatherAttention<S>::forward() {
           },
           [&] { return core::count_block_forward(qs, view(q, kv), *s_.mask, ws_); }, 1.0);
     }
-    if (step.computes()) core::finalize_forward(pq_, st, grp.lse.data(), sinks);
+    if (step.computes()) core::finalize_forward(pq_, st, grp.lse.data(), sinks, /*every_row_sees_a_key=*/true);
     step.end();
   }
   return step.finish();

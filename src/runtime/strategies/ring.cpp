@@ -167,7 +167,7 @@ PassStats RingAttention<T>::forward() {
     cur = wait_kv(kvx, step, j, cur, "forward");
     step.end();
   }
-  if (step.computes()) core::finalize_forward(pq_, st, lse_.data(), s_.sinks);
+  if (step.computes()) core::finalize_forward(pq_, st, lse_.data(), s_.sinks, /*every_row_sees_a_key=*/true);
   ledger_.ring_bytes(Index(sizeof(T)), Index(sizeof(A)));
   return step.finish();
 }
