@@ -115,10 +115,9 @@ Command add_probe_command(CLI::App& parent) {
   probe->add_option("--budget", c.budget_s, "seconds per compute measurement before fewer repetitions are used")
       ->capture_default_str();
   probe->add_flag("--json", c.json, "print one JSON object instead of the tables");
-  probe->add_option("--strategies", c.strategies,
-                    "time these strategies forward and backward on the live ranks, e.g. ring,ulysses,usp,allgather (those the "
-                    "shape forbids are listed with the reason)")
-      ->delimiter(',');
+  add_list(probe, "--strategies", c.strategies,
+           "time these strategies forward and backward on the live ranks, e.g. ring,ulysses,usp,allgather (those the "
+           "shape forbids are listed with the reason)");
   add_integer(probe, "--ulysses-degree", c.ulysses_degree,
               "usp's U for --strategies (default: every U with 1 < U < N dividing N)");
   Command cmd;

@@ -20,11 +20,11 @@ Command add_run_command(CLI::App& parent) {
                     "converts them on load)");
   run->add_flag("--causal", c.causal, "causal mask j <= i on global positions");
   add_integer(run, "--window", c.window, "causal sliding window W: i-W < j <= i");
-  add_integer(run, "--doc-lens", c.doc_lens, "packed documents a,b,... summing to S")->delimiter(',');
+  add_list(run, "--doc-lens", c.doc_lens, "packed documents a,b,... summing to S");
   run->add_option("--layout", c.layout,
                   "auto, contiguous, striped or zigzag (default auto: zigzag for a causal mask without a window, "
                   "contiguous otherwise)");
-  add_integer(run, "--partition", c.partition, "contiguous shard sizes n0,...,n(N-1) summing to S")->delimiter(',');
+  add_list(run, "--partition", c.partition, "contiguous shard sizes n0,...,n(N-1) summing to S");
   run->add_option("--scale", c.scale, "softmax scale (default 1/sqrt(D))");
   add_integer(run, "--seed", c.seed, "seed of the generated inputs (default 0)");
   run->add_option("--inputs", c.inputs, "directory with q.npy k.npy v.npy dout.npy");

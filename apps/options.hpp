@@ -9,6 +9,7 @@
 #include <limits>
 #include <string>
 #include <type_traits>
+#include <vector>
 
 namespace ringattn::app {
 
@@ -35,6 +36,47 @@ CLI::Option* add_integer(CLI::App* app, const std::string& name, T& target, cons
   CLI::Option* o = app->add_option(name, target, help);
   if constexpr (std::is_integral_v<V>) o->check(integer<V>());
   else o->check(integer<typename V::value_type>());
+  return o;
+}
+
+// The items of a comma-separated list ("a,b,c"; "" is one empty item).
+inline std::vector<std::string> split_list(const std::string& text) {
+  std::vector<std::string> items(1);
+  for (const char ch : text) {
+    if (ch == ',') items.emplace_back();
+    else items.back() += ch;
+  }
+  return items;
+}
+
+// A list option, a,b,c, given once. CLI11 joins the values of a repeated vector option (--partition
+// 2 --partition 3 would run as 2,3), so the list is taken as one text, which a second occurrence
+// makes an error as it does for any other option, and split here; integer items get the strict check.
+template <class T>
+CLI::Option* add_list(CLI::App* app, const std::string& name, std::vector<T>& target, const std::string& help) {
+  CLI::Option* o = app->add_option_function<std::string>(
+      name,
+      [&target](const std::string& text) {
+        target.clear();
+        for (const std::string& item : split_list(text)) {
+          if constexpr (std::is_integral_v<T>) {
+            T v{};
+            std::from_chars(item.data() + (!item.empty() && item[0] == '+' ? 1 : 0), item.data() + item.size(), v);
+            target.push_back(v);  // the check below has accepted every item
+          } else {
+            target.push_back(item);
+          }
+        }
+      },
+      help);
+  if constexpr (std::is_integral_v<T>)
+    o->check(CLI::Validator(
+        [](std::string& text) -> std::string {
+          for (std::string item : split_list(text))
+            if (std::string why = integer<T>()(item); !why.empty()) return why;
+          return {};
+        },
+        "INTEGER,..."));
   return o;
 }
 

@@ -28,13 +28,18 @@ int launcher_size() {
   return 1;
 }
 
-// CLI11's words for a repeated option ("--seq: At Most 1 required but received 2") said plainly.
+// CLI11's words said plainly, the option first as in every other line: a repeated option ("--seq: At
+// Most 1 required but received 2") and a value that is not a number ("Could not convert: --scale =
+// abc"; the integer options have their own check, so only the floating ones get here).
 std::string usage_message(const std::string& what) {
   const std::string repeated = ": At Most 1 required but received ";
-  const auto at = what.find(repeated);
-  if (at != std::string::npos)
+  if (const auto at = what.find(repeated); at != std::string::npos)
     return fmt::format("{}: given {} times (expected once) (see 'ringattn --help')", what.substr(0, at),
                        what.substr(at + repeated.size()));
+  const std::string convert = "Could not convert: ";
+  if (const auto eq = what.find(" = "); what.starts_with(convert) && eq != std::string::npos)
+    return fmt::format("{}: '{}' is not a number (see 'ringattn --help')", what.substr(convert.size(), eq - convert.size()),
+                       what.substr(eq + 3));
   return what + " (see 'ringattn --help')";
 }
 }  // namespace ringattn::app

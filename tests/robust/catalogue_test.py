@@ -270,6 +270,10 @@ CASES = [
     Case("seq_beyond_64_bits", ["--seq", "99999999999999999999"], ["--seq"]),
     Case("seed_beyond_64_bits", SMALL + ["--seed", str(2**64)], ["--seed"]),
     Case("option_given_twice", SMALL + ["--seq", 32], ["--seq", "2 times"]),
+    # a list option too (CLI11 would join the two lists into one)
+    Case("list_option_given_twice", SMALL + ["--doc-lens", 8, "--doc-lens", 8], ["--doc-lens", "2 times"]),
+    Case("list_item_not_an_integer", SMALL + ["--partition", "8,x"], ["--partition", "'x'"]),
+    Case("non_numeric_scale", SMALL + ["--scale", "abc"], ["ringattn: error: --scale: 'abc' is not a number"]),
     # output paths, all checked before any compute
     Case("report_is_a_directory", SMALL + ["--report", "{d}"], ["--report", "directory"]),
     Case("trace_is_a_directory", SMALL + ["--trace", "{d}"], ["--trace", "directory"]),
