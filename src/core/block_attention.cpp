@@ -156,7 +156,8 @@ void finalize_forward(const Packing& pk, OnlineState<A> st, A* lse, const double
     if (st.l[r] == A(0) && every_row_sees_a_key) {  // keys seen, every score -inf: a NaN softmax
       constexpr A kNaN = std::numeric_limits<A>::quiet_NaN();
       std::fill_n(a, D, kNaN);
-      st.m[r] = st.l[r] = lse[r] = kNaN;
+      st.m[r] = st.l[r] = kNaN;  // the backward's NaN probabilities for the keys the row sees
+      lse[r] = kNegInf<A>;       // log sum e^-inf, as torch.logsumexp gives
       continue;
     }
     if (st.l[r] == A(0)) {  // no visible key: O = 0, LSE = -inf, never NaN

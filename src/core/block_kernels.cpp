@@ -178,7 +178,7 @@ void tile_grad_rounded(const Workspace<A>& ws, std::uint16_t* pb, std::uint16_t*
 
 template <class S, class A>
 Work forward_impl(const QueryShard<S>& q, const KVBlock<S>& kv, const Mask& mask, A scale, OnlineState<A> st,
-                  Workspace<A>& ws, Progress progress, A softcap, const double* sinks) {
+                  Workspace<A>& ws, Progress progress, A softcap) {
   const Index G = q.pk.G, D = q.pk.D, rows = q.pk.L * G, Lk = kv.pk.L;
   Work work;
   if (!block_visible(mask, q.pos, kv.pos)) return work;
@@ -199,7 +199,7 @@ Work forward_impl(const QueryShard<S>& q, const KVBlock<S>& kv, const Mask& mask
       A* lg = st.l + q.pk.row_group(b, g);
       A* ag = st.acc + q.pk.q_group(b, g);
       const bool nonfinite = any_nonfinite(qg, rows * D) || any_nonfinite(kg, Lk * D) || any_nonfinite(vg, Lk * D);
-      // AMX scores for finite operands; the exact paths of non-finite ones read Q' (nan_rows)
+      // AMX for finite operands only: the exact paths of non-finite ones read the float copies (Q', V)
       const bool tiles = on_engine && !nonfinite;
       const bool pv_tiles = tiles && bf16p;  // P V on AMX too (Precision::bf16)
       Index q0 = 0, c0 = 0;
@@ -259,10 +259,7 @@ Work forward_impl(const QueryShard<S>& q, const KVBlock<S>& kv, const Mask& mask
               auto sees = [&](Index i, Index j) {
                 return cls != TileClass::partial || mask.visible(q.pos[(p.r0 + i) / G], kv.pos[p.c0 + j]);
               };
-              if (nonfinite)  // row i is head g G + (r0 + i) % G's, as finalize_forward counts them
-                nan_rows(Sc, lds, n, tk, ws.qs.data() + (p.r0 - q0) * D, D, rmax, sees, cap > A(0), [&](Index i) {
-                  return sinks && sinks[g * G + (p.r0 + i) % G] != -std::numeric_limits<double>::infinity();
-                });
+              if (nonfinite) nan_rows(Sc, lds, n, tk, rmax);
               // sweep 2: m' = max(m, rowmax), P = 2^(S - m'), l' = c l + sum P, c = 2^(m - m')
               A* m = mg + p.r0;
               A* l = lg + p.r0;
@@ -552,9 +549,8 @@ simd::PieceTimes piece_times_impl(Index D, int reps) {
 // One entry point per storage type and pass; bf16 and f16 compute in float.
 #define RINGATTN_ENTRY_POINTS(NAME, S)                                                                        \
   Work Forward##NAME(const QueryShard<S>& q, const KVBlock<S>& kv, const Mask& m, accum_t<S> s,               \
-                     OnlineState<accum_t<S>> st, Workspace<accum_t<S>>& ws, Progress p, accum_t<S> cap,       \
-                     const double* sinks) {                                                                            \
-    return forward_impl<S, accum_t<S>>(q, kv, m, s, st, ws, p, cap, sinks);                                   \
+                     OnlineState<accum_t<S>> st, Workspace<accum_t<S>>& ws, Progress p, accum_t<S> cap) {     \
+    return forward_impl<S, accum_t<S>>(q, kv, m, s, st, ws, p, cap);                                          \
   }                                                                                                           \
   Work Backward##NAME(const GradQueryShard<S>& g, const KVBlock<S>& kv, const Mask& m, accum_t<S> s,          \
                       accum_t<S>* dk, accum_t<S>* dv, Workspace<accum_t<S>>& ws, Progress p, accum_t<S> cap) { \
@@ -593,8 +589,8 @@ namespace ringattn::core {
   HWY_EXPORT(Delta##NAME);                                                                                    \
   Work dispatch_forward(const QueryShard<S>& q, const KVBlock<S>& kv, const Mask& mask, accum_t<S> scale,     \
                         OnlineState<accum_t<S>> st, Workspace<accum_t<S>>& ws, Progress progress,             \
-                        accum_t<S> softcap, const double* sinks) {                                               \
-    return HWY_DYNAMIC_DISPATCH(Forward##NAME)(q, kv, mask, scale, st, ws, progress, softcap, sinks);        \
+                        accum_t<S> softcap) {                                                                 \
+    return HWY_DYNAMIC_DISPATCH(Forward##NAME)(q, kv, mask, scale, st, ws, progress, softcap);               \
   }                                                                                                           \
   Work dispatch_backward(const GradQueryShard<S>& g, const KVBlock<S>& kv, const Mask& mask, accum_t<S> scale, \
                          accum_t<S>* dk, accum_t<S>* dv, Workspace<accum_t<S>>& ws, Progress progress,        \
@@ -614,9 +610,8 @@ RINGATTN_EXPORT(F16, f16)
 
 template <class S>
 Work block_forward(const QueryShard<S>& q, const KVBlock<S>& kv, const Mask& mask, accum_t<S> scale,
-                   OnlineState<accum_t<S>> st, Workspace<accum_t<S>>& ws, Progress progress, accum_t<S> softcap,
-                   const double* sinks) {
-  return dispatch_forward(q, kv, mask, scale, st, ws, progress, softcap, sinks);
+                   OnlineState<accum_t<S>> st, Workspace<accum_t<S>>& ws, Progress progress, accum_t<S> softcap) {
+  return dispatch_forward(q, kv, mask, scale, st, ws, progress, softcap);
 }
 
 template <class S>
@@ -633,8 +628,7 @@ void compute_delta(const Packing& pk, const S* dout, const accum_t<S>* o, accum_
 
 #define RINGATTN_INSTANTIATE(S)                                                                                   \
   template Work block_forward<S>(const QueryShard<S>&, const KVBlock<S>&, const Mask&, accum_t<S>,                \
-                                 OnlineState<accum_t<S>>, Workspace<accum_t<S>>&, Progress, accum_t<S>,            \
-                                 const double*);                                                                  \
+                                 OnlineState<accum_t<S>>, Workspace<accum_t<S>>&, Progress, accum_t<S>);           \
   template Work block_backward<S>(const GradQueryShard<S>&, const KVBlock<S>&, const Mask&, accum_t<S>,           \
                                   accum_t<S>*, accum_t<S>*, Workspace<accum_t<S>>&, Progress, accum_t<S>);        \
   template void compute_delta<S>(const Packing&, const S*, const accum_t<S>*, accum_t<S>*);

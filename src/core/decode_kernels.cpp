@@ -24,7 +24,6 @@
 #include <type_traits>
 
 #include "core/kernel_math-inl.hpp"  // 2^x, the softmax of a tile, operand copies
-#include "core/nonfinite-inl.hpp"    // rows whose softmax is NaN although their max does not say so
 #include "ringattn/core/decode_attention.hpp"
 
 HWY_BEFORE_NAMESPACE();
@@ -305,7 +304,6 @@ Work decode_impl(const QueryShard<S>& q, const KVBlock<S>& kv, const Mask& mask,
       A* l = st.l + q.pk.row_group(b, g);
       A* a = st.acc + q.pk.q_group(b, g);
       scaled_rows(qg, R, D, alpha, ws.qs.data());
-      const bool q_nonfinite = any_nonfinite(qg, R * D);
       for (Index c0 = 0; c0 < Lk; c0 += C) {
         const Index nk = std::min(C, Lk - c0);
         const TileClass cls =
@@ -329,7 +327,6 @@ Work decode_impl(const QueryShard<S>& q, const KVBlock<S>& kv, const Mask& mask,
               if (!sees(i, j)) s[i * ld + j] = kNegInf;
         A* rmax = ws.rowmax.data();
         for (Index i = 0; i < R; ++i) rmax[i] = row_max(s + i * ld, nk);
-        if (q_nonfinite) nan_rows(s, ld, R, nk, ws.qs.data(), D, rmax, sees, false, [](Index) { return false; });
         // pass 2: m' = max(m, rowmax), P = 2^(S - m'), l' = c l + sum P, c = 2^(m - m')
         A* c = ws.c.data();
         for (Index i = 0; i < R; ++i) {

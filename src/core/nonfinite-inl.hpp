@@ -24,30 +24,20 @@ namespace ringattn::core::HWY_NAMESPACE {
 
 // ---- the exact paths for non-finite operands -----------------------------------------------------
 
-// The rows of a piece whose softmax is NaN although the row max does not say so get max NaN: a row
-// whose query holds a non-finite value and which sees a key here (no score of it is finite; PyTorch's
-// softmax of such a row is NaN even when every score is -inf), and a row whose max is -inf although
-// it holds a score other than -inf (a NaN that the vector max passed over). sees(i, j): row i sees
-// key j of the piece. The first rule does not hold with soft-capping (capped): c tanh(s / c) takes
-// an infinite score to +-c, so such a row's softmax is finite unless a score is NaN, and a NaN
-// score reaches the row's sum through its own P = 2^(NaN - m) anyway. Nor for a row whose head has
-// a finite sink (sunk(i)): its softmax holds the sink, which takes the whole weight when every
-// score is -inf, and a +inf or NaN score still makes the row NaN through its max.
-template <class A, class Sees, class Sunk>
-void nan_rows(const A* Sc, Index lds, Index n, Index tk, const A* qs, Index D, A* rmax, Sees&& sees, bool capped,
-              Sunk&& sunk) {
+// A row of a piece whose max is -inf although it holds a score other than -inf holds a NaN that the
+// vector max passed over: its max becomes NaN, so its softmax is NaN. (A row whose visible scores
+// are all -inf, as a query or key holding an infinity can make them, keeps max -inf like a row that
+// sees nothing here; finalize_forward makes its softmax NaN when the caller knows it saw a key.)
+template <class A>
+void nan_rows(const A* Sc, Index lds, Index n, Index tk, A* rmax) {
   constexpr A kNegInf = -std::numeric_limits<A>::infinity();
   for (Index i = 0; i < n; ++i) {
-    bool nan = false;
-    if (rmax[i] == kNegInf)
-      for (Index j = 0; j < tk && !nan; ++j) nan = Sc[i * lds + j] != kNegInf;
-    if (!nan && !capped && !std::isnan(rmax[i]) && !sunk(i))
-      for (Index d = 0; d < D; ++d)
-        if (!std::isfinite(qs[i * D + d])) {
-          for (Index j = 0; j < tk && !nan; ++j) nan = sees(i, j);
-          break;
-        }
-    if (nan) rmax[i] = std::numeric_limits<A>::quiet_NaN();
+    if (rmax[i] != kNegInf) continue;
+    for (Index j = 0; j < tk; ++j)
+      if (Sc[i * lds + j] != kNegInf) {
+        rmax[i] = std::numeric_limits<A>::quiet_NaN();
+        break;
+      }
   }
 }
 

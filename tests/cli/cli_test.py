@@ -189,6 +189,29 @@ def test_seed_outputs_independent_of_n():
                 check(x.shape == ref.shape and err <= 1e-12, f"{f} {o[-2:]} vs N=1: {err:.2e} <= 1e-12")
 
 
+def test_overflowed_scores_are_nan():
+    """Finite f64 inputs whose products overflow to -inf: the causal row 0 sees key 0 alone, with a
+    score of -inf, so its softmax is NaN (O and its gradients NaN, LSE -inf), as torch's; --check
+    agrees with the reference and every other row is finite."""
+    B, S, H, D = 1, 24, 2, 8
+    rng = np.random.default_rng(3)
+    t = {n: rng.standard_normal((B, S, H, D)) for n in ("q", "k", "v", "dout")}
+    t["q"] = np.abs(t["q"]) + 0.5
+    t["k"][:, 0] = -(np.abs(t["k"][:, 0]) + 0.5) * 1e200
+    t["q"] *= 1e200
+    with tempfile.TemporaryDirectory() as d:
+        for n, x in t.items():
+            np.save(f"{d}/{n}.npy", x)
+        p = ringattn(2, "run", "--inputs", d, "--causal", "--check", "--out", f"{d}/out")
+        check(p.returncode == 0 and "PASSED" in p.stdout, f"--check passes (exit {p.returncode}: {p.stderr.strip()[-300:]})")
+        if p.returncode != 0:
+            return
+        o, lse, dq = (np.load(f"{d}/out/{n}.npy") for n in ("o", "lse", "dq"))
+        check(np.isnan(o[:, 0]).all() and np.isfinite(o[:, 1:]).all(), "O: NaN in row 0 alone")
+        check((lse[:, :, 0] == -np.inf).all() and np.isfinite(lse[:, :, 1:]).all(), "LSE: -inf in row 0 alone")
+        check(np.isnan(dq[:, 0]).all(), "dq: NaN in row 0")
+
+
 def test_check_failure_exits_1():
     p = ringattn(2, "run", "--seq", 24, "--heads", 2, "--head-dim", 8, "--dtype", "f64", "--check",
                  "--debug-drop-grad-step", 1, "--traffic", "full")

@@ -131,6 +131,7 @@ def infinite_keys(name, dtype, S0=6, T=2, K=2, B=1, H=2, HKV=1, D=8):
         x, lx = x.double(), lx.double()
         same = same and torch.equal(torch.isfinite(x), torch.isfinite(r)) and torch.equal(torch.isfinite(lx),
                                                                                          torch.isfinite(lr))
+        same = same and bool((lx[lr == -float("inf")] == -float("inf")).all())  # LSE -inf, as torch's
         if step == 0 or RANK == 0:  # the prompt's rows are this rank's; a step's are every rank's
             nan_rows += int((~torch.isfinite(lr)).sum())
         f = torch.isfinite(r)

@@ -210,6 +210,10 @@ def worker():
             x, r = ours[n].double(), mine[n]
             xf, rf = torch.isfinite(x), torch.isfinite(r)
             missed, extra = int((xf & ~rf).sum()), int((~xf & rf).sum())
+            # a row whose scores are all -inf: LSE -inf, torch.logsumexp's (NaN or +inf elsewhere)
+            not_neg_inf = int(((r == -math.inf) & (x != -math.inf)).sum()) if n == "lse" else 0
+            if not_neg_inf:
+                bad.append(f"lse: {not_neg_inf} not -inf where the reference's is")
             if missed or extra:
                 zeros = int(((x == 0) & ~rf).sum())
                 bad.append(f"{n}: {missed} finite where the reference is not ({zeros} of them 0), "

@@ -150,7 +150,8 @@ DenseResult simulate_ring(const Global& g, const Layout& l, const Mask& mask, do
     OnlineState<A> st{m.data(), lsum.data(), acc.data()};
     init_online_state(pq, st);
     for (int j = 0; j < N; ++j) block_forward(qs, block(((r - j) % N + N) % N), mask, A(scale), st, ws, {}, A(x.softcap));
-    finalize_forward(pq, st, lse.data(), x.sinks.empty() ? nullptr : x.sinks.data());
+    // every row sees its own position's key: a row left with l = 0 saw only -inf scores (NaN softmax)
+    finalize_forward(pq, st, lse.data(), x.sinks.empty() ? nullptr : x.sinks.data(), /*every_row_sees_a_key=*/true);
     compute_delta(pq, dout.data(), acc.data(), delta.data());
     if (!x.dlse.empty())  // delta_i -= dLSE_i, the global [B, H, S] at this rank's rows
       for (Index b = 0; b < s.B; ++b)
@@ -669,9 +670,7 @@ struct Plant {
   double value;
 };
 
-// Positions relative to S, so that they fall on different ranks and tiles; +inf in k at a position
-// that is not a document's first (a row that sees only keys with -inf scores is the one difference
-// from torch, see finalize_forward).
+// Positions relative to S, so that they fall on different ranks and tiles.
 std::vector<Plant> plants(const Shape& s) {
   const double nan = std::nan(""), inf = std::numeric_limits<double>::infinity();
   const Index S = s.S;

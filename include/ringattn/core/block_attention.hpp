@@ -144,22 +144,21 @@ void init_online_state(const Packing& pk, OnlineState<A> st);
 // Fold one K/V block into the running state of every query row:
 //   m' = max(m, max_j S_ij), c = e^(m - m'), l' = c l + sum_j e^(S_ij - m'),
 //   a' = c a + sum_j e^(S_ij - m') V_j,   S_ij = scale * q_i . k_j over visible j,
-// soft-capped as S_ij = softcap tanh(S_ij / softcap) when softcap > 0 (0: none). sinks: the sink
-// logits finalize_forward will merge (per query head, as it reads them; null: none). A row whose
-// visible scores are all -inf (its query holds -inf) has a NaN softmax, as PyTorch's, unless its
-// head has a finite sink: then it keeps the state of a row that saw nothing, and the sink takes
-// its whole weight.
+// soft-capped as S_ij = softcap tanh(S_ij / softcap) when softcap > 0 (0: none). A row whose
+// visible scores here are all -inf keeps the state of a row that saw nothing (m = -inf, l = 0);
+// finalize_forward decides what that row's softmax is (see there).
 template <class S>
 Work block_forward(const QueryShard<S>& q, const KVBlock<S>& kv, const Mask& mask, accum_t<S> scale,
                    OnlineState<accum_t<S>> st, Workspace<accum_t<S>>& ws, Progress progress = {},
-                   accum_t<S> softcap = 0, const double* sinks = nullptr);
+                   accum_t<S> softcap = 0);
 
 // O = a / l in place (acc becomes O) and LSE = m + log l (natural log) into lse [rows]; m and l
 // stay, in the kernel's units, for the backward. A row with no visible key has O = 0, m = LSE = -inf
 // and l = 0; a row with a non-finite score has l = NaN, so O and LSE are NaN. every_row_sees_a_key:
 // the caller knows that each row saw at least one key (self-attention over the whole sequence), so
-// a row left with l = 0 saw only scores of -inf: its softmax is NaN, as torch's, and m, l, O and LSE
-// become NaN (the backward then gives NaN to its dq and to the dk and dv of the keys it sees).
+// a row left with l = 0 saw only scores of -inf: its softmax is NaN, as torch's, so m, l and O become
+// NaN (the backward then gives NaN to its dq and to the dk and dv of the keys it sees), and LSE is
+// -inf, torch.logsumexp's value for such a row.
 // Attention sinks: `sinks` [pk.H()] (natural-log logits, head h = g G + t of the packing; null:
 // none) join each row's softmax denominator and attend to no value. The row's state merges with
 // (m, l, a) = (sink_h, 1, 0) first, so the m and l the backward reads and LSE include it; a row with

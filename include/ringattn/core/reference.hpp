@@ -39,8 +39,9 @@ DenseResult reference_attention_loops(const Shape& s, const Mask& mask, double s
                                       const std::vector<double>& dout, bool backward = true,
                                       const AttentionExtras& extras = {});
 
-// max |x - ref| / max(max |ref|, floor) over the entries; -inf must match -inf exactly (else
-// +inf error), NaN anywhere gives +inf. A denominator below 1e-300 falls back to the absolute
+// max |x - ref| / max(max |ref|, floor) over the entries; an infinity must match the same infinity
+// and a NaN a NaN (else +inf error: a row the reference finds NaN, its softmax over scores that all
+// overflowed, must be NaN here too). A denominator below 1e-300 falls back to the absolute
 // error. The floor is the output's natural magnitude, for a reference that (nearly) vanishes.
 double max_rel_error(const std::vector<double>& x, const std::vector<double>& ref, double floor = 0);
 

@@ -331,7 +331,7 @@ PassStats AllGatherAttention<S>::forward() {
             return core::block_forward(qs, view(q, kv), *s_.mask, scale, st, ws_, [&] {
               gather[(g + 1) % 2].test();
               if (s_.poll) s_.poll();
-            }, softcap, sinks);
+            }, softcap);
           },
           [&] { return core::count_block_forward(qs, view(q, kv), *s_.mask, ws_); }, 1.0);
     }

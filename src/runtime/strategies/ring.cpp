@@ -159,7 +159,7 @@ PassStats RingAttention<T>::forward() {
             return core::block_forward(qshard_, view(owner, cur), *s_.mask, scale, st, ws_, [&] {
               kvx.test();
               if (s_.poll) s_.poll();
-            }, softcap, s_.sinks);
+            }, softcap);
           },
           [&] { return core::count_block_forward(qshard_, view(owner, cur), *s_.mask, ws_); }, 1.0);
       step.forward_block(owner, pq_, m_.data(), l_.data(), acc_.data());
