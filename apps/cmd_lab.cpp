@@ -17,7 +17,7 @@ Command add_lab_command(CLI::App& parent) {
       "lab", "the worked example: five positions on two ranks, every ring event printed (mpirun -np 2)");
   add_list(lab, "--partition", c.partition,
            "contiguous shard sizes n0,...,n(N-1) summing to S, one per rank (default 2,3)");
-  lab->add_flag("--no-causal", [&c](std::int64_t) { c.causal = false; }, "every key visible (default causal j <= i)");
+  lab->add_flag("--no-causal{false}", c.causal, "every key visible (default causal j <= i)");
   lab->add_flag("--skip-empty", c.skip_empty,
                 "do not return all-zero dK/dV contributions, and print the bytes saved versus the full protocol");
   lab->add_option("--inputs", c.inputs,

@@ -31,7 +31,7 @@ Command add_run_command(CLI::App& parent) {
   run->add_option("--out", c.out, "directory for o.npy lse.npy dq.npy dk.npy dv.npy (and generated inputs)");
   run->add_flag("--check", c.check, "compare with a dense float64 reference; exit 1 over tolerance");
   run->add_option("--report", c.report, "write the JSON report here");
-  run->add_flag("--no-backward", [&c](std::int64_t) { c.backward = false; }, "forward pass only");
+  run->add_flag("--no-backward{false}", c.backward, "forward pass only");
   add_integer(run, "--warmup", c.warmup, "untimed iterations first (default 0)");
   add_integer(run, "--iters", c.iters, "timed iterations; times are medians (default 1)");
   run->add_option("--trace", c.trace, "write one JSON line per rank per ring step here");

@@ -22,7 +22,8 @@ CLI::Validator integer() {
         const char* end = text.data() + text.size();
         const char* begin = text.data() + (!text.empty() && text[0] == '+' ? 1 : 0);
         const auto [ptr, ec] = std::from_chars(begin, end, v);
-        if (ec == std::errc() && ptr == end && begin != end) return {};
+        const bool signs = begin != text.data() && begin != end && *begin == '-';  // "+-5"
+        if (ec == std::errc() && ptr == end && begin != end && !signs) return {};
         return fmt::format("'{}' is not an integer in {}..{}", text, std::numeric_limits<T>::min(),
                            std::numeric_limits<T>::max());
       },
@@ -77,6 +78,14 @@ CLI::Option* add_list(CLI::App* app, const std::string& name, std::vector<T>& ta
           return {};
         },
         "INTEGER,..."));
+  else
+    o->check(CLI::Validator(
+        [](std::string& text) -> std::string {
+          for (const std::string& item : split_list(text))
+            if (item.empty()) return fmt::format("'{}' has an empty item (expected a,b,...)", text);
+          return {};
+        },
+        "TEXT,..."));
   return o;
 }
 

@@ -28,18 +28,27 @@ int launcher_size() {
   return 1;
 }
 
+// Whether `name` is a flag (an option that takes no value) of one of cli's subcommands.
+bool is_flag(const CLI::App& cli, const std::string& name) {
+  for (const CLI::App* sub : cli.get_subcommands([](const CLI::App*) { return true; }))
+    if (const CLI::Option* o = sub->get_option_no_throw(name)) return o->get_items_expected_max() == 0;
+  return false;
+}
+
 // CLI11's words said plainly, the option first as in every other line: a repeated option ("--seq: At
-// Most 1 required but received 2") and a value that is not a number ("Could not convert: --scale =
-// abc"; the integer options have their own check, so only the floating ones get here).
-std::string usage_message(const std::string& what) {
+// Most 1 required but received 2") and a value it could not convert ("Could not convert: --scale =
+// abc": a floating option's, or a flag's --causal=abc; the integer options have their own check).
+std::string usage_message(const std::string& what, const CLI::App& cli) {
   const std::string repeated = ": At Most 1 required but received ";
   if (const auto at = what.find(repeated); at != std::string::npos)
     return fmt::format("{}: given {} times (expected once) (see 'ringattn --help')", what.substr(0, at),
                        what.substr(at + repeated.size()));
   const std::string convert = "Could not convert: ";
-  if (const auto eq = what.find(" = "); what.starts_with(convert) && eq != std::string::npos)
-    return fmt::format("{}: '{}' is not a number (see 'ringattn --help')", what.substr(convert.size(), eq - convert.size()),
-                       what.substr(eq + 3));
+  if (const auto eq = what.find(" = "); what.starts_with(convert) && eq != std::string::npos) {
+    const std::string name = what.substr(convert.size(), eq - convert.size());
+    return fmt::format("{}: '{}' is not {} (see 'ringattn --help')", name, what.substr(eq + 3),
+                       is_flag(cli, name) ? "true or false" : "a number");
+  }
   return what + " (see 'ringattn --help')";
 }
 }  // namespace ringattn::app
@@ -65,7 +74,7 @@ int main(int argc, char** argv) {
     if (launcher_rank == 0) std::fputs(cli.help("", CLI::AppFormatMode::All).c_str(), stdout);
     return kExitOk;
   } catch (const CLI::ParseError& e) {
-    usage_error = app::usage_message(e.what());
+    usage_error = app::usage_message(e.what(), cli);
   }
   if (!usage_error.empty()) {
     // Rank 0 says it before MPI_Finalize: a peer that finalizes and exits first makes the launcher

@@ -249,6 +249,9 @@ def test_bad_input_exits_2():
             "precision bf16 with --layer": ["run", "--layer", "--model-dim", 8, "--seq", 16, "--heads", 2,
                                             "--head-dim", 4, "--dtype", "bf16", "--precision", "bf16"],
             "precision for decode": ["decode", "--precision", "bf16"],
+            "list option given twice": base + ["--partition", "8,8", "--partition", "8,8"],
+            "flag with a value that is not a truth": base + ["--no-backward=maybe"],
+            "integer with two signs": base + ["--seed", "+-5"],
         }
         for what, args in cases.items():
             p = ringattn(2, *args, timeout=60)

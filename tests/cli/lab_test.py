@@ -216,7 +216,9 @@ def test_wrong_rank_count_exits_2():
     for n, args, what in ((3, [], "N=3 with the worked example's two owners"),
                           (1, [], "N=1 with the worked example's two owners"),
                           (2, ["--partition", "1,1,3"], "three sizes on two ranks"),
-                          (2, ["--partition", "1,3"], "sizes summing to 4, not S=5")):
+                          (2, ["--partition", "1,3"], "sizes summing to 4, not S=5"),
+                          (2, ["--partition", "2", "--partition", "3"], "a list given twice"),
+                          (2, ["--no-causal=abc"], "a flag's value that is not a truth")):
         p = ringattn(n, "lab", *args)
         lines = [l for l in p.stderr.splitlines() if l.startswith("ringattn")]
         check(p.returncode == 2, f"{what}: exit 2 (got {p.returncode})")

@@ -274,6 +274,7 @@ CASES = [
     Case("list_option_given_twice", SMALL + ["--doc-lens", 8, "--doc-lens", 8], ["--doc-lens", "2 times"]),
     Case("list_item_not_an_integer", SMALL + ["--partition", "8,x"], ["--partition", "'x'"]),
     Case("non_numeric_scale", SMALL + ["--scale", "abc"], ["ringattn: error: --scale: 'abc' is not a number"]),
+    Case("flag_value_not_a_truth", SMALL + ["--causal=abc"], ["ringattn: error: --causal: 'abc' is not true or false"]),
     # output paths, all checked before any compute
     Case("report_is_a_directory", SMALL + ["--report", "{d}"], ["--report", "directory"]),
     Case("trace_is_a_directory", SMALL + ["--trace", "{d}"], ["--trace", "directory"]),
