@@ -27,6 +27,7 @@ DenseResult empty_result(const Shape& s, bool backward) {
 // by the sink logit; returns LSE, or -inf when neither a key nor a sink is there.
 double row_lse(double m, double sum, double sink) {
   const double ninf = -std::numeric_limits<double>::infinity();
+  if (std::isnan(sum)) return sum;  // a NaN or +inf score: the row's softmax and LSE are NaN
   if (sink == ninf) return sum > 0 ? m + std::log(sum) : ninf;
   if (sum == 0) return sink;
   const double mx = std::max(m, sink);
@@ -74,10 +75,11 @@ DenseResult reference_attention_loops(const Shape& s, const Mask& mask, double s
           if (backward) r.dsinks[h] += dlse;  // P_sink = 1, D_i = -dLSE_i
           continue;
         }
-        // a NaN or +inf score (or only -inf ones) makes the row NaN, as torch's softmax does
+        // a NaN or +inf score makes the row NaN, as torch's softmax does; scores that are all -inf
+        // give a sink the whole weight, and without one a NaN softmax with LSE -inf (O = e^(-inf - -inf))
         double sum = 0;
         for (Index j = 0; j < S; ++j)
-          if (mask.visible(i, j)) sum += std::exp(p[j] - mx);
+          if (mask.visible(i, j)) sum += p[j] == ninf ? 0.0 : std::exp(p[j] - mx);
         const double lse = row_lse(mx, sum, sink);
         r.lse[(b * H + h) * S + i] = lse;
         r.loss += dlse * lse;
@@ -156,15 +158,19 @@ DenseResult reference_attention(const Shape& s, const Mask& mask, double scale, 
         Eigen::VectorXd lse_rows(n);
         for (Index i = 0; i < n; ++i) {
           double mx = ninf;
-          bool sees = false;
+          bool sees = false, odd = false;
           for (Index j = 0; j < S; ++j) {
-            if (!mask.visible(i0 + i, j)) p(i, j) = ninf;
-            else mx = std::max(mx, p(i, j)), sees = true;
+            if (!mask.visible(i0 + i, j)) {
+              p(i, j) = ninf;
+            } else {
+              mx = std::max(mx, p(i, j)), sees = true;
+              odd |= std::isnan(p(i, j)) || p(i, j) == -ninf;
+            }
           }
-          // a row that sees keys whose scores all overflowed to -inf (finite inputs, f64 products past
-          // its range): its softmax is NaN, which the loops give (they sum 0 * NaN where the
-          // products here would not)
-          if (sees && mx == ninf && sink == ninf)
+          // finite inputs whose products overflowed (f64's range): a NaN or +inf score, or only -inf
+          // ones without a sink, make the row's softmax NaN, which the loops give (they sum over the
+          // visible pairs only, where the products here would spread 0 * NaN)
+          if (odd || (sees && mx == ninf && sink == ninf))
             return reference_attention_loops(s, mask, scale, q, k, v, dout, backward, x);
           double sum = 0;
           for (Index j = 0; j < S; ++j) sum += p(i, j) == ninf ? 0.0 : std::exp(p(i, j) - mx);

@@ -210,6 +210,26 @@ def test_overflowed_scores_are_nan():
         check(np.isnan(o[:, 0]).all() and np.isfinite(o[:, 1:]).all(), "O: NaN in row 0 alone")
         check((lse[:, :, 0] == -np.inf).all() and np.isfinite(lse[:, :, 1:]).all(), "LSE: -inf in row 0 alone")
         check(np.isnan(dq[:, 0]).all(), "dq: NaN in row 0")
+        # a finite sink in head 1 takes row 0's whole weight there (O = 0, LSE = the sink)
+        np.save(f"{d}/sinks.npy", np.array([-np.inf, 0.5]))
+        p = ringattn(2, "run", "--inputs", d, "--causal", "--check", "--sinks", f"{d}/sinks.npy", "--out", f"{d}/out2")
+        check(p.returncode == 0 and "PASSED" in p.stdout, f"with sinks -inf, 0.5: --check passes (exit {p.returncode})")
+        if p.returncode == 0:
+            o, lse = np.load(f"{d}/out2/o.npy"), np.load(f"{d}/out2/lse.npy")
+            check(np.isnan(o[:, 0, 0]).all() and (o[:, 0, 1] == 0).all(), "sinks: row 0 NaN in head 0, 0 in head 1")
+            check(lse[0, 0, 0] == -np.inf and lse[0, 1, 0] == 0.5, "sinks: LSE -inf in head 0, the sink in head 1")
+    # a score that overflows to +inf (q0 = k0 = 1e200 in two components, which the other queries
+    # leave at 0): row 0's softmax is NaN
+    t = {n: rng.standard_normal((B, S, H, D)) for n in ("q", "k", "v", "dout")}
+    t["q"][:, :, :, :2] = 0.0
+    t["q"][:, 0, :, :2] = t["k"][:, 0, :, :2] = 1e200
+    with tempfile.TemporaryDirectory() as d:
+        for n, x in t.items():
+            np.save(f"{d}/{n}.npy", x)
+        p = ringattn(2, "run", "--inputs", d, "--causal", "--check", "--out", f"{d}/out")
+        check(p.returncode == 0 and "PASSED" in p.stdout, f"+inf score: --check passes (exit {p.returncode})")
+        if p.returncode == 0:
+            check(np.isnan(np.load(f"{d}/out/o.npy")[:, 0]).all(), "+inf score: O NaN in row 0")
 
 
 def test_check_failure_exits_1():
