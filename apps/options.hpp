@@ -23,7 +23,10 @@ CLI::Validator integer() {
         const char* begin = text.data() + (!text.empty() && text[0] == '+' ? 1 : 0);
         const auto [ptr, ec] = std::from_chars(begin, end, v);
         const bool signs = begin != text.data() && begin != end && *begin == '-';  // "+-5"
-        if (ec == std::errc() && ptr == end && begin != end && !signs) return {};
+        if (ec == std::errc() && ptr == end && begin != end && !signs) {
+          text = std::to_string(v);  // CLI11 converts with base 0, which reads "010" as 8
+          return {};
+        }
         return fmt::format("'{}' is not an integer in {}..{}", text, std::numeric_limits<T>::min(),
                            std::numeric_limits<T>::max());
       },
@@ -31,12 +34,13 @@ CLI::Validator integer() {
 }
 
 // add_option with the strict integer check for integral targets (and their vectors and optionals).
+// The check is a transform: it hands CLI11 the value in canonical decimal.
 template <class T>
 CLI::Option* add_integer(CLI::App* app, const std::string& name, T& target, const std::string& help) {
   using V = typename std::decay_t<T>;
   CLI::Option* o = app->add_option(name, target, help);
-  if constexpr (std::is_integral_v<V>) o->check(integer<V>());
-  else o->check(integer<typename V::value_type>());
+  if constexpr (std::is_integral_v<V>) o->transform(integer<V>());
+  else o->transform(integer<typename V::value_type>());
   return o;
 }
 

@@ -354,6 +354,11 @@ def test_defaults_and_summary():
         check("block model" in out, "the causal block model for a causal run on contiguous shards at N=2")
         _, out = config(2, "--causal")
         check("block model" not in out, "no contiguous-shards block model for zigzag shards (auto, causal)")
+    # integers are decimal however written (CLI11 alone reads "010" as 8 and refuses "08")
+    for text, seq in (("010", 10), ("08", 8), ("+12", 12)):
+        p = ringattn(1, "run", "--seq", text, "--heads", 1, "--head-dim", 8, "--iters", 1, "--warmup", 0)
+        check(p.returncode == 0 and f" S={seq} " in p.stdout, f"--seq {text} runs S={seq} ({p.stdout[:120]}"
+              f"{p.stderr.strip()[-120:]})")
     # a reference that vanishes (one key per row: dQ = 0) is judged against the output's magnitude
     p = ringattn(2, "run", "--seq", 1, "--heads", 2, "--head-dim", 8, "--check")
     check(p.returncode == 0 and "PASSED" in p.stdout, f"S=1: dq vanishes and the check passes ({p.stdout[-200:]})")
