@@ -203,8 +203,9 @@ def test_probe_strategies():
           f"unknown dtype: exit 2, one line ({p.returncode}: {lines})")
     p = run([ARGS.mpirun, "-np", 2, ARGS.binary, "probe", "--strategies", "ring,tree"])
     lines = [l for l in p.stderr.splitlines() if l.startswith("ringattn")]
-    check(p.returncode == 2 and len(lines) == 1 and "ring, ulysses, usp or allgather" in lines[0],
-          f"unknown strategy: exit 2, one line ({p.returncode}: {lines})")
+    check(p.returncode == 2 and len(lines) == 1 and "ring, ulysses, usp or allgather" in lines[0]
+          and "--strategies: unknown strategy 'tree'" in lines[0],
+          f"unknown strategy: exit 2, one line naming --strategies ({p.returncode}: {lines})")
 
 
 # scripts/sweep.sh then scripts/plot.py, on a small grid: a CSV row per run and three PNGs.

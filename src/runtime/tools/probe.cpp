@@ -138,12 +138,22 @@ void measure_ring(const comm::Comm& comm, const ProbeConfig& c, const AttentionP
   p.exposed_wait_ratio = median(exposed);
 }
 
+// The command line's names, but a strategy is one item of --strategies here.
+const OptionNames& probe_names() {
+  static const OptionNames names = [] {
+    OptionNames n = cli_names();
+    n.name[static_cast<std::size_t>(Option::strategy)] = "--strategies";
+    return n;
+  }();
+  return names;
+}
+
 // The strategies named, in order; usp once per U (the one given, or every U with 1 < U < N dividing
 // N). Those the rules forbid keep the reason.
 std::vector<StrategyProbe> strategy_list(const ProbeConfig& c, const core::Shape& s, int N) {
   std::vector<StrategyProbe> out;
   for (const std::string& name : c.strategies) {
-    const StrategyKind k = parse_strategy(name, cli_names());
+    const StrategyKind k = parse_strategy(name, probe_names());
     std::vector<int> degrees;
     if (k != StrategyKind::usp) degrees = {ulysses_degree(k, 0, N)};
     else if (c.ulysses_degree) degrees = {*c.ulysses_degree};
@@ -175,7 +185,7 @@ std::vector<StrategyProbe> strategy_list(const ProbeConfig& c, const core::Shape
 // Forward and backward of one strategy for this shape on the live ranks, a few times.
 template <class T>
 void measure_strategy(const comm::Comm& comm, const ProbeConfig& c, const core::Shape& s, StrategyProbe& x) {
-  const StrategyKind k = parse_strategy(x.strategy, cli_names());
+  const StrategyKind k = parse_strategy(x.strategy, probe_names());
   const AttentionPlan plan = plan_for(c, s, comm.size(), x.strategy, k == StrategyKind::usp ? x.ulysses_degree : 0);
   const Shard<T> in(s, plan.layout, comm.rank(), true);
   auto st = make_strategy<T>(comm, strategy_setup(plan));
@@ -303,7 +313,7 @@ Probe run_probe(const comm::Comm& comm, const ProbeConfig& c) {
     s.HKV = c.kv_heads.value_or(s.H);
     plan = plan_for(c, s, comm.size(), "ring", 0);
     bool usp = false;
-    for (const std::string& name : c.strategies) usp = usp || parse_strategy(name, cli_names()) == StrategyKind::usp;
+    for (const std::string& name : c.strategies) usp = usp || parse_strategy(name, probe_names()) == StrategyKind::usp;
     if (c.ulysses_degree && *c.ulysses_degree < 1)
       throw InputError(fmt::format("--ulysses-degree: {} is not >= 1 (expected a group size U >= 1)", *c.ulysses_degree));
     if (c.ulysses_degree && !usp) throw InputError("--ulysses-degree: only applies when --strategies names usp");
