@@ -323,9 +323,10 @@ void exp_tile(A* S, Index n, Index tk, Index lds, const A* mref, const A* w, A* 
   }
 }
 
-// rmax[i] = the largest of row i's tk values (row stride lds), for rows without NaN (the masked
-// scores of a finite head group: finite, -inf, or +inf where a product overflowed); a NaN would not
-// be ordered as std::max_element orders it, as the full pieces' vector maxima do not either.
+// rmax[i] = the largest of row i's tk values (row stride lds). The masked scores of a finite head
+// group are finite, -inf, +inf where a product overflowed, or NaN where overflowed products of both
+// signs met. Vector maxima do not order a NaN (nor do the full pieces'), so a row holding one has an
+// unspecified maximum; that is harmless, as the NaN reaches the row's sum and the row is NaN.
 template <class A>
 void row_max(const A* S, Index n, Index tk, Index lds, A* rmax) {
   const Tag<A> d;

@@ -230,6 +230,20 @@ def test_overflowed_scores_are_nan():
         check(p.returncode == 0 and "PASSED" in p.stdout, f"+inf score: --check passes (exit {p.returncode})")
         if p.returncode == 0:
             check(np.isnan(np.load(f"{d}/out/o.npy")[:, 0]).all(), "+inf score: O NaN in row 0")
+    # products of both signs that overflow meet in a NaN score (row 5, key 0), among finite ones:
+    # row 5's softmax is NaN whatever the row's maximum makes of the NaN
+    t["q"][:, 0, :, :2] = 0.0
+    t["q"][:, 5, :, :2] = 1e200
+    t["k"][:, 0, :, 0], t["k"][:, 0, :, 1] = 1e200, -1e200
+    with tempfile.TemporaryDirectory() as d:
+        for n, x in t.items():
+            np.save(f"{d}/{n}.npy", x)
+        p = ringattn(2, "run", "--inputs", d, "--causal", "--check", "--out", f"{d}/out")
+        check(p.returncode == 0 and "PASSED" in p.stdout, f"NaN score: --check passes (exit {p.returncode})")
+        if p.returncode == 0:
+            o = np.load(f"{d}/out/o.npy")
+            rows = [i for i in range(S) if np.isnan(o[:, i]).any()]
+            check(rows == [5] and np.isnan(o[:, 5]).all(), f"NaN score: O NaN in row 5 alone (rows {rows})")
 
 
 def test_check_failure_exits_1():

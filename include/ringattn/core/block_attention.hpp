@@ -154,7 +154,7 @@ Work block_forward(const QueryShard<S>& q, const KVBlock<S>& kv, const Mask& mas
 
 // O = a / l in place (acc becomes O) and LSE = m + log l (natural log) into lse [rows]; m and l
 // stay, in the kernel's units, for the backward. A row with no visible key has O = 0, m = LSE = -inf
-// and l = 0; a row with a non-finite score has l = NaN, so O and LSE are NaN. every_row_sees_a_key:
+// and l = 0; a row with a NaN or +inf score has l = NaN, so O and LSE are NaN. every_row_sees_a_key:
 // the caller knows that each row saw at least one key (self-attention over the whole sequence), so
 // a row left with l = 0 saw only scores of -inf: its softmax is NaN, as torch's, so m, l and O become
 // NaN (the backward then gives NaN to its dq and to the dk and dv of the keys it sees), and LSE is
