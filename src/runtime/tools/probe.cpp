@@ -92,6 +92,16 @@ struct Shard {
   }
 };
 
+// The command line's names, but a strategy is one item of --strategies here.
+const OptionNames& probe_names() {
+  static const OptionNames names = [] {
+    OptionNames n = cli_names();
+    n.name[static_cast<std::size_t>(Option::strategy)] = "--strategies";
+    return n;
+  }();
+  return names;
+}
+
 // The plan of `strategy` (with Ulysses degree U, 0: none) for the probe's options, as `run` makes
 // it; OptionError when the strategy's rules forbid it.
 AttentionPlan plan_for(const ProbeConfig& c, const core::Shape& s, int N, const std::string& strategy, int U) {
@@ -103,7 +113,7 @@ AttentionPlan plan_for(const ProbeConfig& c, const core::Shape& s, int N, const 
   o.layout = c.layout;
   o.strategy = strategy;
   if (U > 0) o.ulysses_degree = U;
-  return make_attention_plan(o, N, cli_names());
+  return make_attention_plan(o, N, probe_names());
 }
 
 // Step 3's measurement: the real ring forward for this shape, a few times.
@@ -138,15 +148,6 @@ void measure_ring(const comm::Comm& comm, const ProbeConfig& c, const AttentionP
   p.exposed_wait_ratio = median(exposed);
 }
 
-// The command line's names, but a strategy is one item of --strategies here.
-const OptionNames& probe_names() {
-  static const OptionNames names = [] {
-    OptionNames n = cli_names();
-    n.name[static_cast<std::size_t>(Option::strategy)] = "--strategies";
-    return n;
-  }();
-  return names;
-}
 
 // The strategies named, in order; usp once per U (the one given, or every U with 1 < U < N dividing
 // N). Those the rules forbid keep the reason.
