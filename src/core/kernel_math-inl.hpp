@@ -274,6 +274,45 @@ bool any_nonfinite(const T* x, Index n) {
   }
 }
 
+// The largest |x[i]| of finite x[0, n) (bf16 and f16: the largest magnitude's bits, which order as
+// the values do once the sign is cleared).
+template <class T>
+double abs_max(const T* x, Index n) {
+  if constexpr (is_half_v<T>) {
+    const hn::ScalableTag<std::uint16_t> d;
+    const std::uint16_t* u = reinterpret_cast<const std::uint16_t*>(x);
+    const Index N = static_cast<Index>(hn::Lanes(d));
+    const auto magnitude = hn::Set(d, std::uint16_t{0x7FFF});
+    auto m = hn::Zero(d);
+    Index i = 0;
+    for (; i + N <= n; i += N) m = hn::Max(m, hn::And(hn::LoadU(d, u + i), magnitude));
+    std::uint16_t bits = n >= N ? hn::GetLane(hn::MaxOfLanes(d, m)) : 0;
+    for (; i < n; ++i) bits = std::max<std::uint16_t>(bits, u[i] & 0x7FFF);
+    T v;
+    v.bits = bits;
+    return static_cast<double>(widen<float>(v));
+  } else {
+    const Tag<T> d;
+    const Index N = static_cast<Index>(hn::Lanes(d));
+    auto m = hn::Zero(d);
+    Index i = 0;
+    for (; i + N <= n; i += N) m = hn::Max(m, hn::Abs(hn::LoadU(d, x + i)));
+    double v = n >= N ? static_cast<double>(hn::GetLane(hn::MaxOfLanes(d, m))) : 0.0;
+    for (; i < n; ++i) v = std::max(v, static_cast<double>(std::abs(x[i])));
+    return v;
+  }
+}
+
+// Whether scores alpha q.k of finite q [nq] and k [nk] (depth D) may leave the range of A: a product
+// that overflows makes a score of +-inf, or NaN where overflowed products of both signs meet, and
+// such scores take the exact paths as non-finite operands do. |alpha q.k| <= D |alpha| max|q| max|k|,
+// a bound on every partial sum too.
+template <class A, class T>
+bool scores_may_overflow(const T* q, Index nq, const T* k, Index nk, Index D, A alpha) {
+  const double aq = std::abs(double(alpha)) * abs_max(q, nq), limit = 0.5 * double(std::numeric_limits<A>::max());
+  return aq > limit || double(D) * aq * abs_max(k, nk) > limit;
+}
+
 // ---- sweep 2: the softmax of a tile ---------------------------------------------------------------
 
 // Row i of the n x tk tile S (row stride lds) becomes 2^(S - mref[i]), times w[i] when kScale;
@@ -323,10 +362,10 @@ void exp_tile(A* S, Index n, Index tk, Index lds, const A* mref, const A* w, A* 
   }
 }
 
-// rmax[i] = the largest of row i's tk values (row stride lds). The masked scores of a finite head
-// group are finite, -inf, +inf where a product overflowed, or NaN where overflowed products of both
-// signs met. Vector maxima do not order a NaN (nor do the full pieces'), so a row holding one has an
-// unspecified maximum; that is harmless, as the NaN reaches the row's sum and the row is NaN.
+// rmax[i] = the largest of row i's tk values (row stride lds), for rows without NaN: the masked
+// scores of finite operands whose products cannot overflow (scores_may_overflow), finite or -inf.
+// Vector maxima drop a NaN (x86's max returns its second operand when either is NaN), as the full
+// pieces' do; rows that may hold one take the exact path, whose nan_rows settles them.
 template <class A>
 void row_max(const A* S, Index n, Index tk, Index lds, A* rmax) {
   const Tag<A> d;

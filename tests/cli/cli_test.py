@@ -230,20 +230,27 @@ def test_overflowed_scores_are_nan():
         check(p.returncode == 0 and "PASSED" in p.stdout, f"+inf score: --check passes (exit {p.returncode})")
         if p.returncode == 0:
             check(np.isnan(np.load(f"{d}/out/o.npy")[:, 0]).all(), "+inf score: O NaN in row 0")
-    # products of both signs that overflow meet in a NaN score (row 5, key 0), among finite ones:
-    # row 5's softmax is NaN whatever the row's maximum makes of the NaN
-    t["q"][:, 0, :, :2] = 0.0
-    t["q"][:, 5, :, :2] = 1e200
+    # products of both signs that overflow meet in a NaN score: row 5's among finite scores, and
+    # row 0's alone (it sees key 0 alone): both rows' softmax is NaN, and LSE too (torch.logsumexp
+    # of a NaN)
+    S = 64  # row 0's piece has 16 keys: more than one vector of float64 lanes
+    t = {n: rng.standard_normal((B, S, H, D)) for n in ("q", "k", "v", "dout")}
+    t["q"][:, :, :, :2] = 0.0
+    for r in (0, 5):
+        t["q"][:, r, :, :2] = 1e200
     t["k"][:, 0, :, 0], t["k"][:, 0, :, 1] = 1e200, -1e200
     with tempfile.TemporaryDirectory() as d:
         for n, x in t.items():
             np.save(f"{d}/{n}.npy", x)
         p = ringattn(2, "run", "--inputs", d, "--causal", "--check", "--out", f"{d}/out")
-        check(p.returncode == 0 and "PASSED" in p.stdout, f"NaN score: --check passes (exit {p.returncode})")
+        check(p.returncode == 0 and "PASSED" in p.stdout, f"NaN score: --check passes (exit {p.returncode}: "
+              f"{p.stdout.strip()[-300:]})")
         if p.returncode == 0:
-            o = np.load(f"{d}/out/o.npy")
+            o, lse = np.load(f"{d}/out/o.npy"), np.load(f"{d}/out/lse.npy")
             rows = [i for i in range(S) if np.isnan(o[:, i]).any()]
-            check(rows == [5] and np.isnan(o[:, 5]).all(), f"NaN score: O NaN in row 5 alone (rows {rows})")
+            check(rows == [0, 5] and np.isnan(o[:, [0, 5]]).all(), f"NaN score: O NaN in rows 0 and 5 alone ({rows})")
+            check(np.isnan(lse[:, :, [0, 5]]).all() and np.isfinite(np.delete(lse, [0, 5], axis=2)).all(),
+                  "NaN score: LSE NaN in rows 0 and 5 alone")
 
 
 def test_check_failure_exits_1():
