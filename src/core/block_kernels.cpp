@@ -199,8 +199,8 @@ Work forward_impl(const QueryShard<S>& q, const KVBlock<S>& kv, const Mask& mask
       A* lg = st.l + q.pk.row_group(b, g);
       A* ag = st.acc + q.pk.q_group(b, g);
       // non-finite operands, or finite ones whose scores may overflow to +-inf or NaN
-      const bool nonfinite = any_nonfinite(qg, rows * D) || any_nonfinite(kg, Lk * D) || any_nonfinite(vg, Lk * D) ||
-                             scores_may_overflow(qg, rows * D, kg, Lk * D, D, alpha);
+      const bool nonfinite = scores_may_overflow(max_magnitude(qg, rows * D), max_magnitude(kg, Lk * D), D, alpha) ||
+                             any_nonfinite(vg, Lk * D);
       // AMX for finite operands only: the exact paths of non-finite ones read the float copies (Q', V)
       const bool tiles = on_engine && !nonfinite;
       const bool pv_tiles = tiles && bf16p;  // P V on AMX too (Precision::bf16)

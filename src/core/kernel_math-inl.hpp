@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <span>
 #include <type_traits>
@@ -274,43 +275,41 @@ bool any_nonfinite(const T* x, Index n) {
   }
 }
 
-// The largest |x[i]| of finite x[0, n) (bf16 and f16: the largest magnitude's bits, which order as
-// the values do once the sign is cleared).
+// The largest |x[i]| of x[0, n): +inf when one is infinite, NaN when one is NaN. With the sign
+// cleared, the bits of IEEE values order as the values do (NaN above inf), so one unsigned maximum
+// of the bits serves every storage type.
 template <class T>
-double abs_max(const T* x, Index n) {
+double max_magnitude(const T* x, Index n) {
+  using U = std::conditional_t<sizeof(T) == 2, std::uint16_t,
+                               std::conditional_t<sizeof(T) == 4, std::uint32_t, std::uint64_t>>;
+  const hn::ScalableTag<U> d;
+  const U* u = reinterpret_cast<const U*>(x);
+  const Index N = static_cast<Index>(hn::Lanes(d));
+  constexpr U kMagnitude = std::numeric_limits<U>::max() >> 1;
+  const auto magnitude = hn::Set(d, kMagnitude);
+  auto m = hn::Zero(d);
+  Index i = 0;
+  for (; i + N <= n; i += N) m = hn::Max(m, hn::And(hn::LoadU(d, u + i), magnitude));
+  U bits = n >= N ? hn::GetLane(hn::MaxOfLanes(d, m)) : U{0};
+  for (; i < n; ++i) bits = std::max<U>(bits, u[i] & kMagnitude);
+  T v;
   if constexpr (is_half_v<T>) {
-    const hn::ScalableTag<std::uint16_t> d;
-    const std::uint16_t* u = reinterpret_cast<const std::uint16_t*>(x);
-    const Index N = static_cast<Index>(hn::Lanes(d));
-    const auto magnitude = hn::Set(d, std::uint16_t{0x7FFF});
-    auto m = hn::Zero(d);
-    Index i = 0;
-    for (; i + N <= n; i += N) m = hn::Max(m, hn::And(hn::LoadU(d, u + i), magnitude));
-    std::uint16_t bits = n >= N ? hn::GetLane(hn::MaxOfLanes(d, m)) : 0;
-    for (; i < n; ++i) bits = std::max<std::uint16_t>(bits, u[i] & 0x7FFF);
-    T v;
     v.bits = bits;
     return static_cast<double>(widen<float>(v));
   } else {
-    const Tag<T> d;
-    const Index N = static_cast<Index>(hn::Lanes(d));
-    auto m = hn::Zero(d);
-    Index i = 0;
-    for (; i + N <= n; i += N) m = hn::Max(m, hn::Abs(hn::LoadU(d, x + i)));
-    double v = n >= N ? static_cast<double>(hn::GetLane(hn::MaxOfLanes(d, m))) : 0.0;
-    for (; i < n; ++i) v = std::max(v, static_cast<double>(std::abs(x[i])));
-    return v;
+    std::memcpy(&v, &bits, sizeof v);
+    return static_cast<double>(v);
   }
 }
 
-// Whether scores alpha q.k of finite q [nq] and k [nk] (depth D) may leave the range of A: a product
-// that overflows makes a score of +-inf, or NaN where overflowed products of both signs meet, and
-// such scores take the exact paths as non-finite operands do. |alpha q.k| <= D |alpha| max|q| max|k|,
-// a bound on every partial sum too.
-template <class A, class T>
-bool scores_may_overflow(const T* q, Index nq, const T* k, Index nk, Index D, A alpha) {
-  const double aq = std::abs(double(alpha)) * abs_max(q, nq), limit = 0.5 * double(std::numeric_limits<A>::max());
-  return aq > limit || double(D) * aq * abs_max(k, nk) > limit;
+// Whether scores alpha q.k of q and k with largest magnitudes mq and mk (depth D) may leave the range
+// of A: a product that overflows makes a score of +-inf, or NaN where overflowed products of both
+// signs meet, and such scores take the exact paths as non-finite operands do. Non-finite mq or mk
+// count too. |alpha q.k| <= D |alpha| mq mk, a bound on every partial sum as well.
+template <class A>
+bool scores_may_overflow(double mq, double mk, Index D, A alpha) {
+  const double aq = std::abs(double(alpha)) * mq, limit = 0.5 * double(std::numeric_limits<A>::max());
+  return !(aq <= limit && double(D) * aq * mk <= limit);
 }
 
 // ---- sweep 2: the softmax of a tile ---------------------------------------------------------------

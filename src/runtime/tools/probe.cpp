@@ -148,7 +148,6 @@ void measure_ring(const comm::Comm& comm, const ProbeConfig& c, const AttentionP
   p.exposed_wait_ratio = median(exposed);
 }
 
-
 // The strategies named, in order; usp once per U (the one given, or every U with 1 < U < N dividing
 // N). Those the rules forbid keep the reason.
 std::vector<StrategyProbe> strategy_list(const ProbeConfig& c, const core::Shape& s, int N) {
