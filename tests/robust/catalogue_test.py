@@ -247,6 +247,11 @@ CASES = [
          ["--ulysses-degree", "--strategy usp"]),
     Case("usp_without_degree", SMALL + ["--strategy", "usp"], ["--strategy usp", "--ulysses-degree"]),
     Case("ulysses_degree_zero", SMALL + ["--strategy", "usp", "--ulysses-degree", 0], ["--ulysses-degree"]),
+    # a ring traffic plan where no ring moves K/V blocks is refused, not ignored
+    Case("traffic_with_allgather", SMALL + ["--causal", "--strategy", "allgather", "--traffic", "full"],
+         ["--traffic", "--strategy ring or usp", "allgather"]),
+    Case("traffic_with_ulysses", SMALL + ["--causal", "--strategy", "ulysses", "--traffic", "skip-empty"],
+         ["--traffic", "--strategy ring or usp", "ulysses"]),
     Case("layer_ulysses_heads_not_multiple_of_ranks",
          ["--layer", "--model-dim", 8, "--seq", 16, "--heads", 3, "--head-dim", 4, "--strategy", "ulysses"],
          ["--strategy ulysses", "H % N == 0"]),

@@ -130,6 +130,18 @@ TEST(Plan, EveryRuleNamesItsOption) {
   o = small();
   o.traffic = "some";
   expect_refused(o, 2, Option::traffic, "--traffic: unknown plan 'some'");
+  // ulysses and allgather have no ring traffic to plan: another plan than the default is refused
+  for (const char* s : {"ulysses", "allgather"}) {
+    o.strategy = s;
+    o.traffic = "full";
+    expect_refused(o, 2, Option::traffic, "--traffic: only applies with --strategy ring or usp");
+    o.traffic = "aware";
+    EXPECT_EQ(make_attention_plan(o, 2, cli_names()).traffic, core::Traffic::aware);
+  }
+  o.strategy = "usp";
+  o.ulysses_degree = 2;
+  o.traffic = "skip-empty";
+  EXPECT_EQ(make_attention_plan(o, 4, cli_names()).traffic, core::Traffic::skip_empty_grads);
 }
 
 TEST(Plan, MessagesAreInEachFrontEndsWords) {

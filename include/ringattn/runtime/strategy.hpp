@@ -49,6 +49,9 @@ const char* strategy_name(StrategyKind k);
 
 // The Ulysses degree U a strategy uses on N ranks: ring 1, ulysses N, usp the one given.
 int ulysses_degree(StrategyKind k, int given, int N);
+// Whether K/V blocks travel a ring whose traffic a core::Traffic plan decides: ring, and usp's rings
+// of N/U ranks (ulysses has rings of one rank; allgather sends every block to every rank).
+bool has_ring_traffic(StrategyKind k);
 // Why `k` (with Ulysses degree `given` for usp; 0 = not given) cannot run H query heads on N ranks,
 // as one line naming the rule and what to use instead; empty when it can. Options are named by
 // token (@strategy, @ulysses_degree), for OptionNames::render (runtime/plan.hpp).

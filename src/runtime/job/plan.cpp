@@ -166,11 +166,19 @@ int checked_kv_head_group(StrategyKind k, std::optional<int> given, const Shape&
   return static_cast<int>(core::default_kv_head_group(s.B, s.S, s.HKV, s.D, double(core::dtype_size(dtype))));
 }
 
-core::Traffic parse_traffic(const std::string& name, const OptionNames& n) {
-  if (name == "aware") return core::Traffic::aware;
-  if (name == "full") return core::Traffic::full;
-  if (name == "skip-empty") return core::Traffic::skip_empty_grads;
-  fail(n, Option::traffic, fmt::format("@traffic: unknown plan '{}' (expected full, aware or skip-empty)", name));
+// The ring's traffic plan. ulysses (rings of one rank) and allgather (every block to every rank)
+// have no ring traffic to plan, so a plan other than the default is refused there, not ignored.
+core::Traffic checked_traffic(StrategyKind k, const std::string& name, const OptionNames& n) {
+  core::Traffic t = core::Traffic::aware;
+  if (name == "full") t = core::Traffic::full;
+  else if (name == "skip-empty") t = core::Traffic::skip_empty_grads;
+  else if (name != "aware")
+    fail(n, Option::traffic, fmt::format("@traffic: unknown plan '{}' (expected full, aware or skip-empty)", name));
+  if (t != core::Traffic::aware && !has_ring_traffic(k))
+    fail(n, Option::traffic, fmt::format("@traffic: only applies with @strategy ring or usp (@strategy {} {})",
+                                         strategy_name(k), k == StrategyKind::allgather ? "gathers every K/V block"
+                                                                                        : "moves heads, not K/V blocks"));
+  return t;
 }
 
 void check_tiles(const core::Tiling& t, const OptionNames& n) {
@@ -425,7 +433,7 @@ AttentionPlan make_attention_plan(const PlanOptions& o, int N, const OptionNames
   p.ulysses_degree = checked_ulysses_degree(p.strategy, o.ulysses_degree, o.shape.H, N, n);
   p.kv_head_group = checked_kv_head_group(p.strategy, o.kv_head_group, o.shape, p.dtype, n);
   p.scale = checked_scale(o, p.dtype, n);
-  p.traffic = parse_traffic(o.traffic, n);
+  p.traffic = checked_traffic(p.strategy, o.traffic, n);
   check_tiles(o.tiling, n);
   p.tiling = o.tiling;
   if (o.timeout_s && !(std::isfinite(*o.timeout_s) && *o.timeout_s >= 0))

@@ -19,7 +19,6 @@ const char* strategy_name(StrategyKind k) {
   return "?";
 }
 
-
 int ulysses_degree(StrategyKind k, int given, int N) {
   switch (k) {
     case StrategyKind::ring: return 1;
@@ -29,6 +28,8 @@ int ulysses_degree(StrategyKind k, int given, int N) {
   }
   return 1;
 }
+
+bool has_ring_traffic(StrategyKind k) { return k == StrategyKind::ring || k == StrategyKind::usp; }
 
 std::string strategy_rule_violation(StrategyKind k, int given, Index H, int N) {
   if (k == StrategyKind::ulysses && H % N != 0)
