@@ -6,6 +6,7 @@
 Each test runs real mpirun jobs and exits 0 when every assertion holds, 1 otherwise.
 """
 import json
+import math
 import os
 import sys
 import tempfile
@@ -149,6 +150,17 @@ def test_strategy_report():
             rep = json.load(open(f"{d}/r.json"))
             check(rep["config"].get("strategy") == strategy and rep["config"].get("ulysses_degree") == U,
                   f"config.strategy {rep['config'].get('strategy')}, ulysses_degree {rep['config'].get('ulysses_degree')}")
+            # the tiles the kernels ran: the ring of a group of U ranks attends their positions with
+            # gcd(H/U, H/HKV) query heads per KV head, and every target's default tiles (at least
+            # 64 x 128) are cut to that
+            Lg = max(sum(sizes[g:g + U]) for g in range(0, len(sizes), U))
+            Gu = math.gcd(H // U, H // HKV)
+            cfg = rep["config"]
+            check((cfg.get("tile_q"), cfg.get("tile_k")) == (Lg * Gu, Lg),
+                  f"config.tile_q, tile_k {cfg.get('tile_q')}, {cfg.get('tile_k')} (groups of {Lg} positions, "
+                  f"Gu={Gu}: {Lg * Gu}, {Lg})")
+            check(cfg.get("traffic") == ("aware" if strategy == "usp" else None) and cfg.get("kv_head_group") is None,
+                  f"config.traffic {cfg.get('traffic')!r}, kv_head_group {cfg.get('kv_head_group')!r}")
             steps = [json.loads(l) for l in open(f"{d}/t.jsonl") if l.strip()]
             for r, rr in enumerate(rep["ranks"]):
                 led = rr["ledger"]
@@ -165,6 +177,18 @@ def test_strategy_report():
                 a2a_elems = sum(led[k] for k in ("a2a_fwd_send_elems", "a2a_fwd_recv_elems", "a2a_bwd_send_elems",
                                                  "a2a_bwd_recv_elems"))
                 check(sum(s["bytes"] for s in a2a) == 8 * a2a_elems, f"rank {r}: the all-to-all steps' bytes")
+    # allgather: G, given or chosen, in the summary and the report; no ring traffic to report
+    for given in (None, 1):
+        with tempfile.TemporaryDirectory() as d:
+            extra = ["--kv-head-group", given] if given else []
+            p = ringattn(2, "run", "--seq", 16, "--heads", 4, "--kv-heads", 4, "--head-dim", 8, "--strategy",
+                         "allgather", *extra, "--report", f"{d}/r.json")
+            cfg = json.load(open(f"{d}/r.json"))["config"] if p.returncode == 0 else {}
+            G = cfg.get("kv_head_group")
+            check(p.returncode == 0 and isinstance(G, int) and 4 % G == 0 and (given is None or G == given)
+                  and p.stdout.splitlines()[0].endswith(f"strategy allgather G={G}") and cfg.get("traffic") is None,
+                  f"allgather --kv-head-group {given}: exit {p.returncode}, config.kv_head_group {G}, "
+                  f"traffic {cfg.get('traffic')!r}, summary {p.stdout.splitlines()[:1]}")
 
 
 def test_seed_outputs_independent_of_n():

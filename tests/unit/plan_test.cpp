@@ -144,6 +144,26 @@ TEST(Plan, EveryRuleNamesItsOption) {
   EXPECT_EQ(make_attention_plan(o, 4, cli_names()).traffic, core::Traffic::skip_empty_grads);
 }
 
+// The tiles the report names are the ones the kernels run with: resolved for the ring a strategy
+// attends (a head-parallel strategy's ring holds U ranks' positions and H/U query heads).
+TEST(Plan, KernelTilingIsResolvedForTheStrategysRing) {
+  PlanOptions o = small();  // S=16, H=4, HKV=2 (G=2), D=8
+  o.tiling.q_rows = 64;
+  o.tiling.k_cols = 64;
+  core::Tiling t = kernel_tiling(make_attention_plan(o, 4, cli_names()));
+  EXPECT_EQ(t.q_rows, 4 * 2);  // ring: 4 positions of G=2 rows
+  EXPECT_EQ(t.k_cols, 4);
+  o.strategy = "ulysses";  // rings of one rank over 16 positions, H/U = 1 query head per KV head
+  t = kernel_tiling(make_attention_plan(o, 4, cli_names()));
+  EXPECT_EQ(t.q_rows, 16);
+  EXPECT_EQ(t.k_cols, 16);
+  o.strategy = "usp";
+  o.ulysses_degree = 2;  // groups of 2 ranks: 8 positions; H/U = 2 query heads over HKV/U = 1
+  t = kernel_tiling(make_attention_plan(o, 4, cli_names()));
+  EXPECT_EQ(t.q_rows, 8 * 2);
+  EXPECT_EQ(t.k_cols, 8);
+}
+
 TEST(Plan, MessagesAreInEachFrontEndsWords) {
   PlanOptions o = small();
   o.strategy = "usp";

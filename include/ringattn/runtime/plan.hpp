@@ -162,6 +162,11 @@ void check_merge(const std::string& name, const OptionNames& names);
 // The strategy's setup for this plan; it points into `p`, which must outlive the strategy.
 StrategySetup strategy_setup(const AttentionPlan& p);
 
+// The tiles the kernels run with: the plan's, resolved (core::resolve_tiling) for the shape the
+// strategy's ring attends. A head-parallel strategy (ulysses, usp) runs its ring over groups of U
+// ranks: their positions, with H/U query heads.
+core::Tiling kernel_tiling(const AttentionPlan& p);
+
 // What every rank must hold the same, named in `names`' words.
 std::vector<PlanField> plan_fields(const AttentionPlan& p, const PlanOptions& o, const OptionNames& names);
 

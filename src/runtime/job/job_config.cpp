@@ -316,19 +316,21 @@ io::Json config_json(const JobConfig& c, const JobPlan& p, int N) {
   j["warmup"] = c.warmup;
   j["iters"] = c.iters;
   j["timeout"] = p.timeout_s;
-  const core::Tiling t = core::resolve_tiling(c.tiling, shape.D, p.layout.max_size(), shape.G());
+  const core::Tiling t = kernel_tiling(p);
   j["tile_q"] = t.q_rows;
   j["tile_k"] = t.k_cols;
   j["tile_strip"] = t.strip_rows;
   j["simd"] = core::simd::kernels(p.dtype);
   j["mask"] = p.mask.describe();
-  j["traffic"] = c.traffic;
+  j["traffic"] = has_ring_traffic(p.strategy) ? io::Json(c.traffic) : io::Json();  // no ring to plan
   j["rope"] = c.rope_theta ? io::Json(*c.rope_theta) : io::Json();
   j["softcap"] = p.softcap > 0 ? io::Json(p.softcap) : io::Json();
   j["precision"] = precision_name(p.precision);
   j["sinks"] = c.sinks_file.empty() ? io::Json() : io::Json(c.sinks_file);
   j["strategy"] = strategy_name(p.strategy);
   j["ulysses_degree"] = p.ulysses_degree;
+  // allgather's G, given or chosen; no other strategy gathers K/V heads in groups
+  j["kv_head_group"] = p.strategy == StrategyKind::allgather ? io::Json(p.kv_head_group) : io::Json();
   if (c.timing_only) j["timing_only"] = true;  // simulated, counted flops charged: no values
   if (c.layer) {
     j["layer"] = true;

@@ -455,16 +455,20 @@ AttentionPlan make_attention_plan(const PlanOptions& o, int N, const OptionNames
   return p;
 }
 
+core::Tiling kernel_tiling(const AttentionPlan& p) {
+  const int U = p.ulysses_degree;
+  if (U <= 1) return core::resolve_tiling(p.tiling, p.shape.D, p.layout.max_size(), p.shape.G());
+  return core::resolve_tiling(p.tiling, p.shape.D, core::Layout::grouped(p.layout, U).max_size(),
+                              core::split_heads(p.shape, U).Gu);
+}
+
 StrategySetup strategy_setup(const AttentionPlan& p) {
   StrategySetup s;
   s.shape = p.shape;
   s.layout = &p.layout;
   s.mask = &p.mask;
   s.scale = p.scale;
-  // A head-parallel strategy resolves the tiles for the shape its ring attends.
-  s.tiling = p.strategy == StrategyKind::ring ? core::resolve_tiling(p.tiling, p.shape.D, p.layout.max_size(),
-                                                                     p.shape.G())
-                                              : p.tiling;
+  s.tiling = kernel_tiling(p);
   s.traffic = p.traffic;
   s.sinks = p.sinks.empty() ? nullptr : p.sinks.data();
   s.softcap = p.softcap;

@@ -70,7 +70,9 @@ RunResult run_job(comm::Comm& comm, const JobConfig& c) {
   StagedOutputs staged(comm, paths);  // every output path checked before anything is computed
   RunResult res = core::with_storage(p.dtype, [&]<class S>() { return run_typed<S>(comm, c, p, staged); });
   res.facts = JobFacts{p.shape,    p.dtype,   p.mask.describe(), core::layout_name(p.layout.kind()),
-                       p.strategy == StrategyKind::usp ? fmt::format("usp U={}", p.ulysses_degree) : strategy_name(p.strategy),
+                       p.strategy == StrategyKind::usp         ? fmt::format("usp U={}", p.ulysses_degree)
+                       : p.strategy == StrategyKind::allgather ? fmt::format("allgather G={}", p.kv_head_group)
+                                                               : strategy_name(p.strategy),
                        comm.size(), c.iters, c.backward, c.layer, p.mask.causal(),
                        p.model_dim, c.rope_theta, c.timing_only, p.precision};
   return res;
