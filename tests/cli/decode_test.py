@@ -65,9 +65,12 @@ def test_load_and_merge_checked():
     for bad in (["--prefill", "ring"], ["--merge", "tree"], ["--stream-mib", "-1"]):
         p = decode(2, *bad)
         check(p.returncode == 2 and bad[0] in p.stderr, f"{bad}: exit {p.returncode}, {p.stderr.strip()[:200]}")
-    # sizes past this machine's memory, or past 2^50 positions: refused before anything is built
-    for bad, needle in ((["--cache-len", "1000000000000"], "--cache-len: a cache of"),
-                        (["--steps", "1000000000"], "--steps: a cache of"),
+    # sizes past this machine's memory, or past 2^50 positions: refused before anything is built,
+    # naming the option furthest above its usual size
+    for bad, needle in ((["--cache-len", "1000000000000"], "--cache-len 1000000000000: a cache of"),
+                        (["--steps", "1000000000"], "--steps 1000000000: a cache of"),
+                        (["--batch", "100000000", "--cache-len", "64"], "--batch 100000000: a cache of"),
+                        (["--head-dim", "10000000", "--cache-len", "64"], "--head-dim 10000000: a cache of"),
                         (["--steps", "4611686018427387904", "--new-tokens", "2"], "is over 2^50")):
         p = run([ARGS.mpirun, "-np", 2, "--oversubscribe", ARGS.binary, "decode", *bad, "--stream-mib", "0"],
                 timeout=60)

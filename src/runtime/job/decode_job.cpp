@@ -473,12 +473,32 @@ void admit_decode_memory(const DecodeConfig& c, const core::Shape& s, core::DTyp
   const double stream =
       c.stream_mib > 0 && !comm::simulated() ? std::max(double(c.stream_mib) * 1048576.0 / N, 268435456.0) : 0.0;
   if (stream > 0) m.add("the stream measurement's buffer", stream);
-  // the option to blame: the largest of the stream buffer, the prompt and the decoded positions
+  // The option to blame: the stream buffer when it is the largest item; otherwise, as `run` does, the
+  // option furthest above its usual size, among the length that holds the most (the prompt or the
+  // decoded positions) and the shape of a position (B, H, HKV, D).
   const double prompt = 2 * L * kv, decoded = dec * kv;
-  const auto [culprit, hint] = stream > std::max(prompt, decoded)
-                                   ? std::pair{"--stream-mib", "a smaller --stream-mib, or 0"}
-                               : prompt >= decoded ? std::pair{"--cache-len", "a shorter --cache-len, or more ranks"}
-                                                   : std::pair{"--steps", "fewer --steps or --new-tokens, or more ranks"};
+  const DecodeConfig usual;
+  std::string culprit, hint;
+  if (stream > std::max(prompt, decoded)) {
+    culprit = "--stream-mib";
+    hint = "a smaller --stream-mib, or 0";
+  } else {
+    const bool by_prompt = prompt >= decoded;
+    const std::pair<std::string, double> ratio[] = {
+        by_prompt ? std::pair{fmt::format("--cache-len {}", c.cache_len), double(c.cache_len) / double(usual.cache_len)}
+                  : std::pair{fmt::format("--steps {}", c.steps),
+                              double(c.steps * c.new_tokens) / double(usual.steps * usual.new_tokens)},
+        {fmt::format("--batch {}", s.B), double(s.B) / double(kDefaultBatch)},
+        {fmt::format("--heads {}", s.H), double(s.H) / double(kDefaultHeads)},
+        {fmt::format("--kv-heads {}", s.HKV), double(s.HKV) / double(kDefaultHeads)},
+        {fmt::format("--head-dim {}", s.D), double(s.D) / double(kDefaultHeadDim)}};
+    const auto worst = std::max_element(std::begin(ratio), std::end(ratio),
+                                        [](const auto& a, const auto& b) { return a.second < b.second; });
+    culprit = worst->first;
+    hint = worst != std::begin(ratio) ? "a smaller shape, or more ranks"
+           : by_prompt                ? "a shorter --cache-len, or more ranks"
+                                      : "fewer --steps or --new-tokens, or more ranks";
+  }
   admit_memory(m, culprit,
                fmt::format("a cache of {} + {} x {} positions, {} ({})", c.cache_len, c.steps, c.new_tokens,
                            s.str(), core::dtype_name(dtype)),
