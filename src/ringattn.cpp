@@ -131,18 +131,21 @@ struct Attention::Impl {
         check_size("dlse", dlse, s.B * s.H * L(), fmt::format("[B, H, L] = [{}, {}, {}]", s.B, s.H, L()));
     });
     // A head-parallel strategy moves dL/dLSE through an all-to-all: every rank gives one (zeros for
-    // a rank without) when any rank does.
+    // a rank without) when any rank does. The agreed flag decides, not the span: a rank that holds
+    // no positions has an empty dL/dLSE even when it gave one, and must still join.
+    bool give_dlse = !dlse.empty();
     if (plan.strategy == runtime::StrategyKind::ulysses || plan.strategy == runtime::StrategyKind::usp) {
-      std::int64_t any = dlse.empty() ? 0 : 1;
+      std::int64_t any = give_dlse ? 1 : 0;
       comm.allreduce_max(std::span<std::int64_t>(&any, 1));
-      if (any && dlse.empty()) {
-        zeros.assign(s.B * s.H * L(), A(0));
-        dlse = zeros;
-      }
+      give_dlse = any != 0;
+    }
+    if (give_dlse && dlse.empty()) {  // zeros, never an empty buffer: load_dlse takes null as "none"
+      zeros.assign(std::max<Index>(1, s.B * s.H * L()), A(0));
+      dlse = zeros;
     }
     Engine<S>& e = std::get<Engine<S>>(engine);
     e.strategy->load_dout(dout.data());
-    if (!dlse.empty()) e.strategy->load_dlse(dlse.data());
+    if (give_dlse) e.strategy->load_dlse(dlse.data());
     bwd = e.strategy->backward();
     if (!plan.sinks.empty()) dsinks = runtime::sink_gradient(comm, *e.strategy, s.H);
     backward_done = true;

@@ -174,10 +174,14 @@ def main():
                                                                   logit_scale=6.0, strategy="ulysses")),("f64 ulysses causal GQA, sinks", dict(S=37, causal=True, strategy="ulysses")),
                   ("f32 ulysses window zigzag, sinks", dict(S=41, window=7, layout="zigzag", strategy="ulysses",
                                                             dtype=torch.float32))]
+    if 4 % N == 0 and N > 1:  # S = N - 1: the last rank holds no position, yet joins dLSE's all-to-all
+        cases += [("f64 ulysses, a rank without positions, O+LSE loss, sinks", dict(S=N - 1, strategy="ulysses"))]
     if N == 4:
         cases += [("f64 usp U=2 documents striped, sinks", dict(S=40, causal=True, doc_lens=[7, 0, 13, 20],
                                                                 layout="striped", strategy="usp",
-                                                                ulysses_degree=2))]
+                                                                ulysses_degree=2)),
+                  ("f64 usp U=2, a rank without positions, O+LSE loss", dict(S=3, strategy="usp", ulysses_degree=2,
+                                                                              sinks=False))]
     for i, (name, kw) in enumerate(cases):
         try:
             ok &= run_case(name, seed=i, **kw)
