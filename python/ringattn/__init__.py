@@ -51,7 +51,7 @@ def _out_dtype(x, inputs):
     """The dtype O is returned in: out_dtype, or the inputs' dtype when None."""
     if x is None:
         return inputs
-    if x not in _TORCH_NAME:
+    if not isinstance(x, torch.dtype) or x not in _TORCH_NAME:
         raise InputError(f"out_dtype: {x!r} is not supported (expected None, torch.float32, torch.float64, "
                          f"torch.bfloat16 or torch.float16)")
     return x
@@ -78,8 +78,9 @@ def _int_list(name, xs):
     if xs is None:
         return []
     if isinstance(xs, torch.Tensor):
-        if xs.dim() != 1 or xs.dtype.is_floating_point or xs.dtype.is_complex or xs.dtype == torch.bool:
-            raise InputError(f"{name}: a {xs.dim()}-d {xs.dtype} tensor (expected a list of integers)")
+        if (xs.dim() != 1 or xs.dtype.is_floating_point or xs.dtype.is_complex or xs.dtype == torch.bool
+                or xs.device.type != "cpu"):
+            raise InputError(f"{name}: a {xs.dim()}-d {xs.dtype} tensor on {xs.device} (expected a list of integers)")
         xs = xs.tolist()
     if isinstance(xs, (str, bytes)) or not hasattr(xs, "__iter__"):
         raise InputError(f"{name}: {xs!r} is not a list of integers")
@@ -91,12 +92,14 @@ def _int_list(name, xs):
     return out
 
 
-def _number_or_none(name, x):
-    if x is None:
-        return None
+def _number(name, x):
     if isinstance(x, bool) or not isinstance(x, numbers.Real):
         raise InputError(f"{name}: {x!r} is not a number")
     return float(x)
+
+
+def _number_or_none(name, x):
+    return None if x is None else _number(name, x)
 
 
 def _bool(name, x):
@@ -181,7 +184,7 @@ def _sink_values(sinks):
         return sinks.detach().double().tolist()
     if isinstance(sinks, (str, bytes)) or not hasattr(sinks, "__iter__"):
         raise InputError(f"sinks: {sinks!r} is not a tensor of sink logits (expected a 1-d tensor [H])")
-    return [_number_or_none("sinks", x) for x in sinks]
+    return [_number("sinks", x) for x in sinks]
 
 
 class _Prepared:
@@ -217,6 +220,8 @@ class _Prepared:
             self.out_dtype = _out_dtype(args.get("out_dtype"), q.dtype if isinstance(q, torch.Tensor) else None)
         except InputError as e:
             self.error = self.error or str(e)
+        except Exception as e:  # an argument the checks above did not foresee: still this rank's error, agreed
+            self.error = self.error or f"arguments: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else e!r}"
         self.tensors = None
         if self.error:
             self.shapes = [[], [], []]  # checked no further

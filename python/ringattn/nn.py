@@ -12,12 +12,13 @@ module is collective: every rank of the communicator calls forward, and then bac
 """
 
 import copy
+import functools
 import inspect
 
 import torch
 from mpi4py import MPI
 
-from . import InputError, attention, positions
+from . import InputError, _Prepared, attention, positions
 
 __all__ = ["DistributedAttention"]
 
@@ -31,6 +32,27 @@ def _checked_keywords(where, options):
         raise InputError(f"{where}: unknown keyword {', '.join(map(repr, unknown))} (expected keywords of "
                          f"ringattn.attention: {', '.join(_KEYWORDS)})")
     return options
+
+
+def _refuse(module, overrides, error):
+    """Raises `error` on every rank of the call's communicator (the module's, or the one the call
+    overrides it with), which the peers' calls agree over."""
+    _Prepared.refused(overrides.get("comm", module.options.get("comm")), error).call()
+
+
+def _agreed_method(fn):
+    """A forward this rank cannot bind (a missing or an extra argument) refused on every rank."""
+    sig = inspect.signature(fn)
+
+    @functools.wraps(fn)
+    def call(self, *args, **kwargs):
+        try:
+            sig.bind(self, *args, **kwargs)
+        except TypeError as e:
+            _refuse(self, kwargs, f"DistributedAttention.forward: {e}")
+        return fn(self, *args, **kwargs)
+
+    return call
 
 
 class DistributedAttention(torch.nn.Module):
@@ -69,13 +91,18 @@ class DistributedAttention(torch.nn.Module):
         return positions(o["seq_len"], self.comm.size, self.comm.rank, o.get("layout", "auto"), o.get("partition"),
                          causal=o.get("causal", False), window=o.get("window"))
 
+    @_agreed_method
     def forward(self, q, k, v, **overrides):
         """This rank's O [B, L, H, D] for its shard q [B, L, H, D], k, v [B, L, HKV, D]; keywords
-        override the module's for this call."""
+        override the module's for this call. Collective: a call this rank cannot make (an unknown
+        keyword, a missing tensor) raises InputError on every rank, as attention() does."""
         options = dict(self.options)
         if self.sinks is not None:
             options["sinks"] = self.sinks
-        options.update(_checked_keywords("DistributedAttention.forward", overrides))
+        try:
+            options.update(_checked_keywords("DistributedAttention.forward", overrides))
+        except InputError as e:
+            _refuse(self, overrides, str(e))
         return attention(q, k, v, **options)
 
     def __deepcopy__(self, memo):

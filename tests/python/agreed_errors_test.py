@@ -89,6 +89,20 @@ def cases():
          lambda: ringattn.attention(q, k, v, **c, strategy="usp", ulysses_degree=2**40), "ulysses_degree"),
         ("timeout='5' (a string)", lambda: ringattn.attention(q, k, v, seq_len=S, timeout="5"), "timeout"),
         ("timeout=-1", lambda: ringattn.attention(q, k, v, seq_len=S, timeout=-1), "timeout"),
+        ("an unhashable out_dtype on the last rank",
+         lambda: ringattn.attention(q, k, v, **c, out_dtype=[torch.float32] if LAST else None), "out_dtype"),
+        ("a None among the sinks on the last rank",
+         lambda: ringattn.attention(q, k, v, **c, sinks=[None, 0.0] if LAST else [0.0, 0.0]),
+         "sinks: None is not a number"),
+        ("doc_lens as a meta tensor on the last rank",
+         lambda: ringattn.attention(q, k, v, **c, doc_lens=torch.tensor([6, 6], device="meta" if LAST else "cpu")),
+         "doc_lens"),
+        ("an unknown keyword to DistributedAttention.forward on the last rank",
+         lambda: ringattn.nn.DistributedAttention(S, layout="contiguous", timeout=TIMEOUT)(
+             q, k, v, **({"casual": True} if LAST else {})), "casual"),
+        ("DistributedAttention.forward without v on the last rank",
+         lambda: ringattn.nn.DistributedAttention(S, layout="contiguous", timeout=TIMEOUT)(
+             *((q, k) if LAST else (q, k, v))), "DistributedAttention.forward"),
     ]
     if N > 1:
         out.append(("a timeout on rank 0 only",
