@@ -157,18 +157,11 @@ std::uint64_t digest(const std::string& s, std::uint64_t build) {
   return h;
 }
 
-// The all-reduce every call begins with, over the caller's own communicator: nonblocking and
-// polled under the call's watchdog (0: none), as every wait of a plan is, since a peer may never
-// come (it raised, skipped the call, or is still in an earlier step). No plan exists yet to carry
-// the watchdog; on timeout one line names the step and the job ends (exit 3), as the plan's
-// watchdog does.
-void setup_allreduce(MPI_Comm comm, std::uint64_t* v, int n, double timeout_s) {
-  int rank = 0, size = 1;
-  MPI_Comm_rank(comm, &rank);
-  MPI_Comm_size(comm, &size);
-  MPI_Request req;
-  if (MPI_Iallreduce(MPI_IN_PLACE, v, n, MPI_UINT64_T, MPI_MIN, comm, &req) != MPI_SUCCESS)
-    throw ringattn::RuntimeFailure("ringattn.attention: MPI_Iallreduce failed on the caller's communicator");
+// Polls `req` to completion under the watchdog `timeout_s` (0: none), as every wait of a plan is:
+// a peer may never come (it raised, skipped the call, or is still in an earlier step). No plan
+// carries the watchdog here; on timeout, rank `rank` prints one line, "timeout: " and `what` (the
+// wait and who failed to come), and the job ends (exit 3), as the plan's watchdog does.
+void wait_watched(MPI_Request& req, int rank, double timeout_s, const std::function<std::string()>& what) {
   const double t0 = MPI_Wtime();
   double pause = 0;  // seconds between polls once the first millisecond has passed
   for (;;) {
@@ -177,11 +170,7 @@ void setup_allreduce(MPI_Comm comm, std::uint64_t* v, int n, double timeout_s) {
     if (done) return;
     const double waited = MPI_Wtime() - t0;
     if (timeout_s > 0 && waited > timeout_s) {
-      fmt::print(stderr,
-                 "[rank {}] timeout: the setup of ringattn.attention on rank {} (an all-reduce over the caller's "
-                 "communicator of {} ranks) did not complete within timeout={} s: a peer has not called attention "
-                 "(it raised, skipped the call or is still in an earlier step); aborting the job\n",
-                 rank, rank, size, timeout_s);
+      fmt::print(stderr, "[rank {}] timeout: {}; aborting the job\n", rank, what());
       ringattn::comm::abort_job(ringattn::kExitRuntime);
     }
     if (waited > 1e-3) {
@@ -190,6 +179,74 @@ void setup_allreduce(MPI_Comm comm, std::uint64_t* v, int n, double timeout_s) {
     }
   }
 }
+
+// The all-reduce every call begins with, over the caller's own communicator, under the watchdog.
+void setup_allreduce(MPI_Comm comm, std::uint64_t* v, int n, double timeout_s) {
+  int rank = 0, size = 1;
+  MPI_Comm_rank(comm, &rank);
+  MPI_Comm_size(comm, &size);
+  MPI_Request req;
+  if (MPI_Iallreduce(MPI_IN_PLACE, v, n, MPI_UINT64_T, MPI_MIN, comm, &req) != MPI_SUCCESS)
+    throw ringattn::RuntimeFailure("ringattn.attention: MPI_Iallreduce failed on the caller's communicator");
+  wait_watched(req, rank, timeout_s, [&] {
+    return fmt::format("the setup of ringattn.attention on rank {} (an all-reduce over the caller's communicator of "
+                       "{} ranks) did not complete within timeout={} s: a peer has not called attention (it raised, "
+                       "skipped the call or is still in an earlier step)",
+                       rank, size, timeout_s);
+  });
+}
+
+// The collectives of the package's own agreements outside a plan (KVCache's, in __init__.py's
+// _agree), under the watchdog `timeout_s` (0: none); `what` names the call in the timeout's line.
+// Without the GIL, as every wait here.
+struct Watched {
+  MPI_Comm comm;
+  int rank = 0, size = 1;
+  double timeout_s;
+  std::string what;
+
+  Watched(py::object c, double timeout, std::string w) : timeout_s(timeout), what(std::move(w)) {
+    MPI_Comm* handle = PyMPIComm_Get(c.ptr());
+    if (!handle) throw py::error_already_set();
+    comm = *handle;
+    MPI_Comm_rank(comm, &rank);
+    MPI_Comm_size(comm, &size);
+  }
+  void wait(MPI_Request& req, const char* op) const {
+    wait_watched(req, rank, timeout_s, [&] {
+      return fmt::format("{} on rank {} ({} over {} ranks) did not complete within timeout={} s: a peer has not "
+                         "called it (it raised, skipped the call or is still in an earlier step)",
+                         what, rank, op, size, timeout_s);
+    });
+  }
+  // The sum of every rank's `value`.
+  std::int64_t sum(std::int64_t value) const {
+    MPI_Request req;
+    if (MPI_Iallreduce(MPI_IN_PLACE, &value, 1, MPI_INT64_T, MPI_SUM, comm, &req) != MPI_SUCCESS)
+      throw ringattn::RuntimeFailure(what + ": MPI_Iallreduce failed");
+    wait(req, "an all-reduce");
+    return value;
+  }
+  // The lowest failing rank's `error` on every rank ("" when no rank's is).
+  std::string agree(std::string error) const {
+    std::uint64_t first = error.empty() ? std::uint64_t(size) : std::uint64_t(rank);
+    MPI_Request req;
+    if (MPI_Iallreduce(MPI_IN_PLACE, &first, 1, MPI_UINT64_T, MPI_MIN, comm, &req) != MPI_SUCCESS)
+      throw ringattn::RuntimeFailure(what + ": MPI_Iallreduce failed");
+    wait(req, "an all-reduce");
+    if (first == std::uint64_t(size)) return {};
+    const int root = static_cast<int>(first);
+    std::uint64_t length = error.size();
+    if (MPI_Ibcast(&length, 1, MPI_UINT64_T, root, comm, &req) != MPI_SUCCESS)
+      throw ringattn::RuntimeFailure(what + ": MPI_Ibcast failed");
+    wait(req, "a broadcast");
+    error.resize(length);
+    if (MPI_Ibcast(error.data(), static_cast<int>(length), MPI_CHAR, root, comm, &req) != MPI_SUCCESS)
+      throw ringattn::RuntimeFailure(what + ": MPI_Ibcast failed");
+    wait(req, "a broadcast");
+    return error;
+  }
+};
 
 // Agreement on this rank's own error before the plan (ranks that disagree about everything else
 // still agree here): every rank throws the lowest failing rank's, InputError for bad input and
@@ -397,6 +454,17 @@ PYBIND11_MODULE(_ringattn, m) {
   m.def("plans_reused", [] { return plans().hits(); });
   m.def("release_plans", [] { plans().clear(); });
   bind_kv_cache(m);
+  // The package's agreements outside a plan, under a watchdog (see Watched).
+  m.def("watched_sum", [](py::object comm, std::int64_t value, double timeout, std::string what) {
+    const Watched w(comm, timeout, std::move(what));
+    py::gil_scoped_release unlocked;
+    return w.sum(value);
+  });
+  m.def("watched_agree", [](py::object comm, std::string error, double timeout, std::string what) {
+    const Watched w(comm, timeout, std::move(what));
+    py::gil_scoped_release unlocked;
+    return w.agree(std::move(error));
+  });
   py::class_<Call>(m, "Call")
       .def(py::init<py::object, Index, std::vector<Index>, std::vector<Index>, std::vector<Index>,
                     std::vector<std::string>, std::string, bool, bool, std::optional<Index>, std::vector<Index>,

@@ -27,6 +27,7 @@ holds the GIL while it waits or computes, so threads on different communicators 
 
 import functools
 import inspect
+import math
 import numbers
 
 import torch
@@ -36,6 +37,8 @@ from ._ringattn import Call as _Call
 from ._ringattn import InputError, RuntimeFailure
 from ._ringattn import KVCache as _KVCache
 from ._ringattn import positions as _positions
+from ._ringattn import watched_agree as _watched_agree
+from ._ringattn import watched_sum as _watched_sum
 
 __all__ = ["positions", "attention", "attention_lse", "KVCache", "InputError", "RuntimeFailure", "nn"]
 InputError.__module__ = RuntimeFailure.__module__ = "ringattn"  # ringattn.InputError in tracebacks
@@ -487,8 +490,9 @@ class KVCache:
                 _name("layout", layout), _int_or_none("window", window), _number_or_none("scale", scale),
                 _int_or_none("capacity", capacity), _number_or_none("timeout", timeout), _name("merge", merge))
 
-        self._shape, self._out, options = _agree(agree_over, arguments)
+        self._shape, self._out, options = _agree(agree_over, arguments, _watchdog(timeout), "ringattn.KVCache()")
         self._comm = agree_over
+        self._watchdog = _watchdog(timeout)
         self._dtype = dtype
         self._acc = _ACCUM[_STORAGE[_TORCH_NAME[dtype]]]
         self._c = _KVCache(agree_over, *self._shape, _STORAGE[_TORCH_NAME[dtype]], *options)
@@ -519,14 +523,15 @@ class KVCache:
         prompt_len, the prompt is every rank's q positions together."""
         B, H, HKV, D = self._shape
         L = q.shape[1] if isinstance(q, torch.Tensor) and q.dim() == 4 else -1
-        S0 = self._comm.allreduce(max(L, 0)) if prompt_len is None else prompt_len
+        total = _watched_sum(self._comm, max(L, 0), self._watchdog, "KVCache.prefill")  # every rank, given or not
+        S0 = total if prompt_len is None else prompt_len
 
         def tensors():
             L0 = len(self._c.positions(_int("prompt_len", S0)))
             q_, k_, v_ = self._tensors(q, k, v, L0)
             return q_, k_, v_, torch.empty((B, L0, H, D), dtype=self._acc), torch.empty((B, H, L0), dtype=self._acc)
 
-        q, k, v, o, lse = _agree(self._comm, tensors)
+        q, k, v, o, lse = _agree(self._comm, tensors, self._watchdog, "KVCache.prefill")
         self._c.prefill(S0, q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), lse.data_ptr())
         o = o.to(self._out)
         return (o, lse) if return_lse else o
@@ -537,13 +542,14 @@ class KVCache:
         prefill(), once, before any decode."""
         B, H, HKV, D = self._shape
         L = k.shape[1] if isinstance(k, torch.Tensor) and k.dim() == 4 else -1
-        S0 = self._comm.allreduce(max(L, 0)) if prompt_len is None else prompt_len
+        total = _watched_sum(self._comm, max(L, 0), self._watchdog, "KVCache.load")  # every rank, given or not
+        S0 = total if prompt_len is None else prompt_len
 
         def tensors():
             L0 = len(self._c.positions(_int("prompt_len", S0)))
             return self._checked("k", k, HKV, L0), self._checked("v", v, HKV, L0)
 
-        k, v = _agree(self._comm, tensors)
+        k, v = _agree(self._comm, tensors, self._watchdog, "KVCache.load")
         self._c.load(S0, k.data_ptr(), v.data_ptr())
 
     def decode(self, q, k, v, *, return_lse=False):
@@ -556,26 +562,39 @@ class KVCache:
             q_, k_, v_ = self._tensors(q, k, v, T)
             return q_, k_, v_, torch.empty((B, T, H, D), dtype=self._acc), torch.empty((B, H, T), dtype=self._acc)
 
-        q, k, v, o, lse = _agree(self._comm, tensors)
+        q, k, v, o, lse = _agree(self._comm, tensors, self._watchdog, "KVCache.decode")
         self._c.decode(q.shape[1], q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), lse.data_ptr())
         o = o.to(self._out)
         return (o, lse) if return_lse else o
 
 
-def _agree(comm, fn):
+# The watchdog of KVCache's own agreements where no valid `timeout` is known yet: the command
+# line's base default.
+_DEFAULT_WATCHDOG = 300.0
+
+
+def _watchdog(timeout):
+    """The seconds a KVCache agreement waits for its peers: `timeout` when it is one (0: no
+    watchdog), else the default (the cache's own checks report a bad timeout)."""
+    ok = isinstance(timeout, numbers.Real) and not isinstance(timeout, bool) and math.isfinite(timeout) and timeout >= 0
+    return float(timeout) if ok else _DEFAULT_WATCHDOG
+
+
+def _agree(comm, fn, timeout, what):
     """fn() on this rank, its failure agreed over `comm` before any rank goes on: every rank raises
     the lowest failing rank's error (InputError for bad input, RuntimeFailure otherwise), so that
-    one rank's bad tensor never leaves its peers waiting in the next collective."""
+    one rank's bad tensor never leaves its peers waiting in the next collective. The agreement waits
+    under the watchdog `timeout` (0: none): a peer that never calls `what` ends the job with one line
+    naming it (exit 3), as attention()'s watchdog does."""
     try:
-        result, error = fn(), None
+        result, error = fn(), ""
     except InputError as e:
-        result, error = None, ("I", str(e))
+        result, error = None, "I" + str(e)
     except Exception as e:  # out of memory, most likely
-        result, error = None, ("F", _failure("preparing the call", e, comm))
-    errors = comm.allgather(error)
-    first = next((e for e in errors if e is not None), None)
-    if first is not None:
-        raise (InputError if first[0] == "I" else RuntimeFailure)(first[1])
+        result, error = None, "F" + _failure("preparing the call", e, comm)
+    first = _watched_agree(comm, error, timeout, what)
+    if first:
+        raise (InputError if first[0] == "I" else RuntimeFailure)(first[1:])
     return result
 
 

@@ -18,6 +18,8 @@ raise-outside    the last rank raises outside ringattn, before the call, while t
                  at once.
 killed           the last rank is killed (SIGKILL) between the forward and the backward, while the
                  others go on with the default watchdog: mpirun ends the whole job at once.
+cache-absent     a KVCache (timeout=5) after its prefill: the last rank never calls decode (it
+                 sleeps); the others' decode must be ended by the watchdog of its agreement.
 """
 
 import os
@@ -128,8 +130,22 @@ def killed():
     return 0
 
 
+def cache_absent():
+    c = ringattn.KVCache(1, 2, 1, 4, dtype=torch.float64, capacity=20, timeout=5)
+    p = c.positions(6)
+    x, y = torch.randn(1, len(p), 2, 4, dtype=torch.float64), torch.randn(1, len(p), 1, 4, dtype=torch.float64)
+    c.prefill(x, y, y, prompt_len=6)
+    if LAST:
+        time.sleep(120)
+        return 0
+    one = torch.ones(1, 1, 1, 4, dtype=torch.float64)
+    c.decode(torch.ones(1, 1, 2, 4, dtype=torch.float64), one, one)
+    say("decode returned without the last rank (expected the watchdog to end the job)")
+    return 0
+
+
 SCENARIOS = {"threads": threads, "raise-between": raise_between, "skip-backward": skip_backward,
-             "absent": absent, "raise-outside": raise_outside, "killed": killed}
+             "absent": absent, "raise-outside": raise_outside, "killed": killed, "cache-absent": cache_absent}
 
 if __name__ == "__main__":
     torch.set_num_threads(1)
