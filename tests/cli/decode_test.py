@@ -6,6 +6,7 @@
 Each test runs real mpirun jobs and exits 0 when every assertion holds, 1 otherwise.
 """
 import json
+import math
 import os
 import sys
 import tempfile
@@ -126,6 +127,14 @@ def test_report_fields():
             check(dd["stream_bytes_per_s"] > 1e8, f"rank {rr['rank']}: stream")
             total += dd["cache_positions"]
         check(total == 40 + 3 * 2, f"every position in one rank's cache: {total}")
+        # config: every option with the value used (the scale and the watchdog resolved)
+        cfg = r.get("config", {})
+        want = {"scale": 1 / math.sqrt(D), "stream_mib": 512, "check": False, "out": "", "report": rep}
+        check(all(cfg.get(k) == v for k, v in want.items()) and cfg.get("timeout", 0) >= 300,
+              f"config: {({k: cfg.get(k) for k in [*want, 'timeout']})}")
+        p = decode(2, "--report", rep, "--stream-mib", "0", "--scale", "0.5", "--timeout", "40")
+        cfg = json.load(open(rep)).get("config", {}) if p.returncode == 0 else {}
+        check(cfg.get("scale") == 0.5 and cfg.get("timeout") == 40, f"--scale 0.5 --timeout 40: {cfg}")
 
 
 if __name__ == "__main__":

@@ -34,6 +34,7 @@ struct DecodeResult {
   core::Shape shape;  // S: all S0 + K T positions
   std::string dtype, layout, mask, simd;
   int ranks = 1;
+  double timeout_s = 0;  // the watchdog the job ran under (--timeout, or the default); 0: none
   double prefill_s = 0, decode_step_s = 0;  // slowest rank; the median step
   double stream_bytes_per_s = 0;            // rank 0's streaming read bandwidth, measured here
   std::vector<double> rank_stream_bytes_per_s;  // per rank, all ranks reading at once

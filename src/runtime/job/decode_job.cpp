@@ -404,9 +404,15 @@ io::Json report_json(const DecodeConfig& c, const DecodeResult& r) {
   cfg["dtype"] = r.dtype;
   cfg["layout"] = r.layout;
   cfg["window"] = c.window.value_or(0);
+  cfg["scale"] = c.scale.value_or(1.0 / std::sqrt(double(r.shape.D)));  // the one used
   cfg["seed"] = static_cast<std::int64_t>(c.seed);
   cfg["prefill"] = c.prefill;
   cfg["merge"] = c.merge;
+  cfg["stream_mib"] = c.stream_mib;
+  cfg["timeout"] = r.timeout_s;
+  cfg["check"] = c.check;
+  cfg["out"] = c.out;
+  cfg["report"] = c.report;
   cfg["simd"] = r.simd;
   if (c.timing_only) {  // simulated: each step charged its bytes at this rate (or its flops), no values
     cfg["timing_only"] = true;
@@ -562,12 +568,14 @@ DecodeResult run_decode(comm::Comm& comm, const DecodeConfig& c) {
                        {"--memory-bandwidth", fmt::format("{}", c.memory_bandwidth)}});
   // The plan's default watchdog, for the prompt's ring and (with --check) the reference on rank 0.
   const double check_flops = c.check ? 4.0 * double(s.B) * double(s.S) * double(s.S) * double(s.H * s.D) : 0.0;
-  comm.set_timeout(c.timeout_s.value_or(default_timeout(s, s.S, false, check_flops)));
+  const double watchdog = c.timeout_s.value_or(default_timeout(s, s.S, false, check_flops));
+  comm.set_timeout(watchdog);
   StagedOutputs staged(comm, OutputPaths{c.out, c.report, "", {}});  // every path checked before any compute
   DecodeResult res = core::with_storage(dtype, [&]<class S>() {
     return c.timing_only ? run_timing_only<S>(comm, c, s) : run_typed<S>(comm, c, s, staged);
   });
   res.simd = core::simd::current();
+  res.timeout_s = watchdog;
   res.dtype = core::dtype_name(dtype);
   res.layout = core::layout_name(make_layout(c.layout, c.cache_len, comm.size(), {}, true, c.window.value_or(0),
                                              cli_cache_names()).kind());
