@@ -64,20 +64,20 @@ void print_attention(const runtime::RunResult& res) {
              loss_text(rep));
   double a2a = 0;
   for (const io::RankRow& r : rep.ranks) a2a = std::max(a2a, r.a2a_wait_s);
-  if (f.strategy != "ring")
+  if (f.strategy_kind == runtime::StrategyKind::ulysses || f.strategy_kind == runtime::StrategyKind::usp)
     fmt::print("  all-to-all wait (part of wait, slowest rank, forward + backward): {}\n", ms(a2a));
   const double mean = flops / std::max<std::size_t>(1, rep.ranks.size());
   fmt::print("  work imbalance (max/mean flops): {:.3f}", mean > 0 ? max_flops / mean : 1.0);
   // The block models describe a plain causal mask (no window, no documents) on the ring's contiguous shards.
-  if (N > 1 && f.strategy == "ring" && f.layout == "contiguous" && f.mask == "causal j<=i")
+  if (N > 1 && f.strategy_kind == runtime::StrategyKind::ring && f.layout == "contiguous" && f.mask == "causal j<=i")
     fmt::print("; for causal contiguous shards the block model gives 2N/(N+1) = {:.3f}, visible pairs only "
                "(2N-1)/N = {:.3f}", 2.0 * N / (N + 1), (2.0 * N - 1) / N);
   fmt::print("\n");
   // What the planned bytes hold besides the shards and the kernels' scratch, by strategy.
-  const char* buffers = f.strategy == "ulysses"             ? "all-to-all buffers"
-                        : f.strategy.rfind("usp", 0) == 0   ? "all-to-all and ring buffers"
-                        : f.strategy == "allgather"         ? "all-gather buffers"
-                                                            : "ring buffers";
+  const char* buffers = f.strategy_kind == runtime::StrategyKind::ulysses     ? "all-to-all buffers"
+                        : f.strategy_kind == runtime::StrategyKind::usp       ? "all-to-all and ring buffers"
+                        : f.strategy_kind == runtime::StrategyKind::allgather ? "all-gather buffers"
+                                                                              : "ring buffers";
   fmt::print("  memory per rank (largest): {} {}, peak RSS {}; total {:.2f} GFLOP\n", buffers,
              human_bytes(double(budget)), human_bytes(double(rss)), flops * 1e-9);
   if (rep.check)

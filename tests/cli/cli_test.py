@@ -186,7 +186,8 @@ def test_strategy_report():
             cfg = json.load(open(f"{d}/r.json"))["config"] if p.returncode == 0 else {}
             G = cfg.get("kv_head_group")
             check(p.returncode == 0 and isinstance(G, int) and 4 % G == 0 and (given is None or G == given)
-                  and p.stdout.splitlines()[0].endswith(f"strategy allgather G={G}") and cfg.get("traffic") is None,
+                  and p.stdout.splitlines()[0].endswith(f"strategy allgather G={G}") and cfg.get("traffic") is None
+                  and "memory per rank (largest): all-gather buffers" in p.stdout and "all-to-all" not in p.stdout,
                   f"allgather --kv-head-group {given}: exit {p.returncode}, config.kv_head_group {G}, "
                   f"traffic {cfg.get('traffic')!r}, summary {p.stdout.splitlines()[:1]}")
 

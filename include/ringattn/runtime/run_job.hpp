@@ -16,13 +16,14 @@ namespace ringattn::runtime {
 struct JobFacts {
   core::Shape shape;
   core::DType dtype = core::DType::f32;
-  std::string mask, layout, strategy;
+  std::string mask, layout, strategy;  // strategy: its label (ring, ulysses, usp U=2, allgather G=1)
   int ranks = 1, iters = 1;
   bool backward = true, layer = false, causal = false;
   Index model_dim = 0;
   std::optional<double> rope;
   bool timing_only = false;  // simulation: counted flops charged, no values
   core::Precision precision = core::Precision::f32;
+  StrategyKind strategy_kind = StrategyKind::ring;
 };
 
 // The layer's own per-rank figures (medians over --iters), for its table.

@@ -74,7 +74,7 @@ RunResult run_job(comm::Comm& comm, const JobConfig& c) {
                        : p.strategy == StrategyKind::allgather ? fmt::format("allgather G={}", p.kv_head_group)
                                                                : strategy_name(p.strategy),
                        comm.size(), c.iters, c.backward, c.layer, p.mask.causal(),
-                       p.model_dim, c.rope_theta, c.timing_only, p.precision};
+                       p.model_dim, c.rope_theta, c.timing_only, p.precision, p.strategy};
   return res;
 }
 
