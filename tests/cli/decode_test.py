@@ -71,7 +71,7 @@ def test_load_and_merge_checked():
     for bad, needle in ((["--cache-len", "1000000000000"], "--cache-len 1000000000000: a cache of"),
                         (["--steps", "1000000000"], "--steps 1000000000: a cache of"),
                         (["--batch", "100000000", "--cache-len", "64"], "--batch 100000000: a cache of"),
-                        (["--head-dim", "10000000", "--cache-len", "64"], "--head-dim 10000000: a cache of"),
+                        (["--head-dim", "1000000000", "--cache-len", "64"], "--head-dim 1000000000: a cache of"),
                         (["--steps", "4611686018427387904", "--new-tokens", "2"], "is over 2^50")):
         p = run([ARGS.mpirun, "-np", 2, "--oversubscribe", ARGS.binary, "decode", *bad, "--stream-mib", "0"],
                 timeout=60)

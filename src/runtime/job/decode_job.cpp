@@ -568,14 +568,13 @@ DecodeResult run_decode(comm::Comm& comm, const DecodeConfig& c) {
                        {"--memory-bandwidth", fmt::format("{}", c.memory_bandwidth)}});
   // The plan's default watchdog, for the prompt's ring and (with --check) the reference on rank 0.
   const double check_flops = c.check ? 4.0 * double(s.B) * double(s.S) * double(s.S) * double(s.H * s.D) : 0.0;
-  const double watchdog = c.timeout_s.value_or(default_timeout(s, s.S, false, check_flops));
-  comm.set_timeout(watchdog);
+  comm.set_timeout(c.timeout_s.value_or(default_timeout(s, s.S, false, check_flops)));
   StagedOutputs staged(comm, OutputPaths{c.out, c.report, "", {}});  // every path checked before any compute
   DecodeResult res = core::with_storage(dtype, [&]<class S>() {
     return c.timing_only ? run_timing_only<S>(comm, c, s) : run_typed<S>(comm, c, s, staged);
   });
   res.simd = core::simd::current();
-  res.timeout_s = watchdog;
+  res.timeout_s = comm.timeout();  // 0 under simulation, which has no watchdog
   res.dtype = core::dtype_name(dtype);
   res.layout = core::layout_name(make_layout(c.layout, c.cache_len, comm.size(), {}, true, c.window.value_or(0),
                                              cli_cache_names()).kind());
