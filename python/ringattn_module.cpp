@@ -227,8 +227,9 @@ struct Watched {
     wait(req, "an all-reduce");
     return value;
   }
-  // The lowest failing rank's `error` on every rank ("" when no rank's is).
+  // The lowest failing rank's `error` on every rank ("" when no rank's is; at most 64 KiB of it).
   std::string agree(std::string error) const {
+    if (error.size() > 65536) error.resize(65536);  // a message quoting a huge argument stays one MPI count
     std::uint64_t first = error.empty() ? std::uint64_t(size) : std::uint64_t(rank);
     MPI_Request req;
     if (MPI_Iallreduce(MPI_IN_PLACE, &first, 1, MPI_UINT64_T, MPI_MIN, comm, &req) != MPI_SUCCESS)

@@ -223,6 +223,9 @@ class _Prepared:
             self.out_dtype = _out_dtype(args.get("out_dtype"), q.dtype if isinstance(q, torch.Tensor) else None)
         except InputError as e:
             self.error = self.error or str(e)
+        except MemoryError as e:
+            if not self.error:
+                self.error, self.failure = _failure("converting the arguments", e, self.comm), True
         except Exception as e:  # an argument the checks above did not foresee: still this rank's error, agreed
             self.error = self.error or f"arguments: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else e!r}"
         self.tensors = None
@@ -482,7 +485,7 @@ class KVCache:
         def arguments():
             if comm_error:
                 raise InputError(comm_error)
-            if dtype not in _TORCH_NAME:
+            if not isinstance(dtype, torch.dtype) or dtype not in _TORCH_NAME:
                 raise InputError(f"dtype: {dtype} is not supported (expected float32, float64, bfloat16 or float16)")
             shape = (_int("batch", batch), _int("heads", heads), _int("kv_heads", kv_heads),
                      _int("head_dim", head_dim))

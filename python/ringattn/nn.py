@@ -45,12 +45,12 @@ def _agreed_method(fn):
     sig = inspect.signature(fn)
 
     @functools.wraps(fn)
-    def call(self, *args, **kwargs):
+    def call(*args, **kwargs):  # args[0] is the module (a keyword named self is just a bad keyword)
         try:
-            sig.bind(self, *args, **kwargs)
+            sig.bind(*args, **kwargs)
         except TypeError as e:
-            _refuse(self, kwargs, f"DistributedAttention.forward: {e}")
-        return fn(self, *args, **kwargs)
+            _refuse(args[0], kwargs, f"DistributedAttention.forward: {e}")
+        return fn(*args, **kwargs)
 
     return call
 

@@ -157,6 +157,19 @@ def raises(name, fn, needle):
     return ok
 
 
+def prompt_len_on_one_rank(x, kv):
+    """prefill with prompt_len given on the last rank only: every rank still joins the same
+    collectives, and O is bit for bit the one of prompt_len given everywhere."""
+    outs = []
+    for given in (lambda: True, lambda: RANK == N - 1):
+        c = ringattn.KVCache(1, 2, 1, 8, dtype=torch.float64, timeout=30)
+        outs.append(c.prefill(x, kv, kv, **({"prompt_len": 10} if given() else {})))
+    ok = COMM.allreduce(int(torch.equal(outs[0], outs[1])), op=MPI.MIN) == 1
+    if RANK == 0:
+        print(f"{'ok ' if ok else 'BAD'} N={N} prompt_len given on the last rank only: the same O", flush=True)
+    return ok
+
+
 def main():
     torch.set_num_threads(1)
     good = [case("f64 GQA, T=4, zigzag", torch.float64, 37, 4, 3),
@@ -191,6 +204,9 @@ def main():
                                                           prompt_len=10), "expected [1, "),
              raises("a bad dtype on one rank", lambda: ringattn.KVCache(
                  1, 2, 1, 8, dtype=torch.int32 if RANK == N - 1 else torch.float64), "dtype"),
+             raises("an unhashable dtype on one rank", lambda: ringattn.KVCache(
+                 1, 2, 1, 8, dtype=[torch.float64] if RANK == N - 1 else torch.float64), "dtype"),
+             prompt_len_on_one_rank(x[:, pos], kv[:, pos]),
              raises("another merge on one rank", lambda: ringattn.KVCache(
                  1, 2, 1, 8, dtype=torch.float64, merge="gather" if RANK == N - 1 else "allreduce").prefill(
                      *(t(len(pos), h) for h in (2, 1, 1)), prompt_len=10), "ranks disagree on merge")
