@@ -293,10 +293,11 @@ def _failure(what, e, comm):
     return f"rank {rank}: {type(e).__name__} {what}: {first}"
 
 
-def _agreed_signature(fn):
+def _agreed_signature(fn, comm_of=lambda args, kwargs: kwargs.get("comm")):
     """fn's arguments bound on this rank first: a call it cannot bind (an unknown keyword, a
-    missing or an extra argument) raises InputError on every rank of the call's communicator, as any
-    other bad argument does, instead of a TypeError on this rank alone."""
+    missing or an extra argument) raises InputError on every rank of the call's communicator
+    (comm_of(args, kwargs)), as any other bad argument does, instead of a TypeError on this rank
+    alone."""
     sig = inspect.signature(fn)
 
     @functools.wraps(fn)
@@ -304,7 +305,7 @@ def _agreed_signature(fn):
         try:
             sig.bind(*args, **kwargs)
         except TypeError as e:
-            _Prepared.refused(kwargs.get("comm"), f"{fn.__name__}: {e}").call()  # raises on every rank
+            _Prepared.refused(comm_of(args, kwargs), f"{fn.__qualname__}: {e}").call()  # raises on every rank
         return fn(*args, **kwargs)
 
     return call
@@ -493,9 +494,9 @@ class KVCache:
                 _name("layout", layout), _int_or_none("window", window), _number_or_none("scale", scale),
                 _int_or_none("capacity", capacity), _number_or_none("timeout", timeout), _name("merge", merge))
 
-        self._shape, self._out, options = _agree(agree_over, arguments, _watchdog(timeout), "ringattn.KVCache()")
-        self._comm = agree_over
         self._watchdog = _watchdog(timeout)
+        self._shape, self._out, options = _agree(agree_over, arguments, self._watchdog, "ringattn.KVCache()")
+        self._comm = agree_over
         self._dtype = dtype
         self._acc = _ACCUM[_STORAGE[_TORCH_NAME[dtype]]]
         self._c = _KVCache(agree_over, *self._shape, _STORAGE[_TORCH_NAME[dtype]], *options)

@@ -18,7 +18,7 @@ import inspect
 import torch
 from mpi4py import MPI
 
-from . import InputError, _Prepared, attention, positions
+from . import InputError, _agreed_signature, _Prepared, attention, positions
 
 __all__ = ["DistributedAttention"]
 
@@ -34,25 +34,9 @@ def _checked_keywords(where, options):
     return options
 
 
-def _refuse(module, overrides, error):
-    """Raises `error` on every rank of the call's communicator (the module's, or the one the call
-    overrides it with), which the peers' calls agree over."""
-    _Prepared.refused(overrides.get("comm", module.options.get("comm")), error).call()
-
-
-def _agreed_method(fn):
-    """A forward this rank cannot bind (a missing or an extra argument) refused on every rank."""
-    sig = inspect.signature(fn)
-
-    @functools.wraps(fn)
-    def call(*args, **kwargs):  # args[0] is the module (a keyword named self is just a bad keyword)
-        try:
-            sig.bind(*args, **kwargs)
-        except TypeError as e:
-            _refuse(args[0], kwargs, f"DistributedAttention.forward: {e}")
-        return fn(*args, **kwargs)
-
-    return call
+def _call_comm(module, overrides):
+    """The communicator of a forward call: the one it overrides the module's with, or the module's."""
+    return overrides.get("comm", module.options.get("comm"))
 
 
 class DistributedAttention(torch.nn.Module):
@@ -91,7 +75,7 @@ class DistributedAttention(torch.nn.Module):
         return positions(o["seq_len"], self.comm.size, self.comm.rank, o.get("layout", "auto"), o.get("partition"),
                          causal=o.get("causal", False), window=o.get("window"))
 
-    @_agreed_method
+    @functools.partial(_agreed_signature, comm_of=lambda args, kwargs: _call_comm(args[0], kwargs))
     def forward(self, q, k, v, **overrides):
         """This rank's O [B, L, H, D] for its shard q [B, L, H, D], k, v [B, L, HKV, D]; keywords
         override the module's for this call. Collective: a call this rank cannot make (an unknown
@@ -102,7 +86,7 @@ class DistributedAttention(torch.nn.Module):
         try:
             options.update(_checked_keywords("DistributedAttention.forward", overrides))
         except InputError as e:
-            _refuse(self, overrides, str(e))
+            _Prepared.refused(_call_comm(self, overrides), str(e)).call()  # raises on every rank
         return attention(q, k, v, **options)
 
     def __deepcopy__(self, memo):
