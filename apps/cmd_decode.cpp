@@ -89,8 +89,9 @@ Command add_decode_command(CLI::App& parent) {
 #endif
   d->add_flag("--check", c.check, "compare with dense float64 causal attention over all positions; exit 1 over "
                                   "tolerance");
-  d->add_option("--out", c.out, "directory for q.npy k.npy v.npy o_prefill.npy o_decode.npy, put in place as one set");
-  d->add_option("--report", c.report, "write the JSON report here");
+  add_path(d, "--out", c.out, "directory for q.npy k.npy v.npy o_prefill.npy o_decode.npy, put in place as one set",
+           "DIR");
+  add_path(d, "--report", c.report, "write the JSON report here", "FILE");
   d->add_option("--timeout", c.timeout_s, "abort (exit 3) when a wait lasts longer than SEC (0 = never)");
   Command cmd;
   cmd.cli = d;

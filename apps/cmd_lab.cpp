@@ -20,11 +20,11 @@ Command add_lab_command(CLI::App& parent) {
   lab->add_flag("--no-causal{false}", c.causal, "every key visible (default causal j <= i)");
   lab->add_flag("--skip-empty", c.skip_empty,
                 "do not return all-zero dK/dV contributions, and print the bytes saved versus the full protocol");
-  lab->add_option("--inputs", c.inputs,
-                  "directory with q.npy k.npy v.npy dout.npy instead of the worked example's fixed tensors");
+  add_path(lab, "--inputs", c.inputs,
+           "directory with q.npy k.npy v.npy dout.npy instead of the worked example's fixed tensors", "DIR");
   lab->add_flag("--layer", c.layer,
                 "the whole layer around the ring: q,k,v = X Wq, X Wk, X Wv, Y = O Wo, weight gradients summed over ranks");
-  lab->add_option("--report", c.report, "write the JSON report (the `run` format) here");
+  add_path(lab, "--report", c.report, "write the JSON report (the `run` format) here", "FILE");
   add_integer(lab, "--debug-drop-grad-step", c.drop_grad_step, "test hook: ignore one returned gradient")
       ->group("");  // hidden
   Command cmd;

@@ -27,14 +27,14 @@ Command add_run_command(CLI::App& parent) {
   add_list(run, "--partition", c.partition, "contiguous shard sizes n0,...,n(N-1) summing to S");
   run->add_option("--scale", c.scale, "softmax scale (default 1/sqrt(D))");
   add_integer(run, "--seed", c.seed, "seed of the generated inputs (default 0)");
-  run->add_option("--inputs", c.inputs, "directory with q.npy k.npy v.npy dout.npy");
-  run->add_option("--out", c.out, "directory for o.npy lse.npy dq.npy dk.npy dv.npy (and generated inputs)");
+  add_path(run, "--inputs", c.inputs, "directory with q.npy k.npy v.npy dout.npy", "DIR");
+  add_path(run, "--out", c.out, "directory for o.npy lse.npy dq.npy dk.npy dv.npy (and generated inputs)", "DIR");
   run->add_flag("--check", c.check, "compare with a dense float64 reference; exit 1 over tolerance");
-  run->add_option("--report", c.report, "write the JSON report here");
+  add_path(run, "--report", c.report, "write the JSON report here", "FILE");
   run->add_flag("--no-backward{false}", c.backward, "forward pass only");
   add_integer(run, "--warmup", c.warmup, "untimed iterations first (default 0)");
   add_integer(run, "--iters", c.iters, "timed iterations; times are medians (default 1)");
-  run->add_option("--trace", c.trace, "write one JSON line per rank per ring step here");
+  add_path(run, "--trace", c.trace, "write one JSON line per rank per ring step here", "FILE");
   run->add_option("--timeout", c.timeout_s,
                   "abort (exit 3) when a wait lasts longer than SEC (0 = never; default: 300 s plus ten times the "
                   "job's compute at 1 GFLOP/s)");
@@ -58,9 +58,10 @@ Command add_run_command(CLI::App& parent) {
                   "f32 (default): the kernels' products take P and dS exactly; bf16: P and dS rounded to bf16 first, "
                   "as FlashAttention does, so every product runs on bf16 dot products (--dtype bf16 only)");
   run->add_option("--softcap", c.softcap, "soft-cap the scaled scores: s -> C tanh(s / C) (C > 0; 0: none)");
-  run->add_option("--sinks", c.sinks_file,
-                  "attention sinks: FILE.npy holds [H] logits, one per query head, in every row's softmax "
-                  "denominator; with --out, dsinks.npy is written beside dq, dk, dv");
+  add_path(run, "--sinks", c.sinks_file,
+           "attention sinks: FILE.npy holds [H] logits, one per query head, in every row's softmax "
+           "denominator; with --out, dsinks.npy is written beside dq, dk, dv",
+           "FILE");
   run->add_option("--strategy", c.strategy,
                   "ring (default): K/V blocks around the ring; ulysses: all-to-all over heads (H % N == 0); usp: "
                   "Ulysses groups of U consecutive ranks joined by a ring (--ulysses-degree U); allgather: every "

@@ -8,6 +8,7 @@
 #include <charconv>
 #include <limits>
 #include <string>
+#include <string_view>
 #include <type_traits>
 #include <vector>
 
@@ -42,6 +43,19 @@ CLI::Option* add_integer(CLI::App* app, const std::string& name, T& target, cons
   if constexpr (std::is_integral_v<V>) o->transform(integer<V>());
   else o->transform(integer<typename V::value_type>());
   return o;
+}
+
+// A path option: an empty value is an error, never "not given" (a shell variable that expanded to
+// nothing would otherwise run without the file the user meant). kind: "DIR" or "FILE".
+inline CLI::Option* add_path(CLI::App* app, const std::string& name, std::string& target, const std::string& help,
+                             const char* kind) {
+  const std::string what = std::string_view(kind) == "DIR" ? "directory" : "file";
+  return app->add_option(name, target, help)
+      ->check(CLI::Validator(
+          [what](std::string& text) -> std::string {
+            return text.empty() ? fmt::format("'' is an empty path (expected a {} name)", what) : std::string{};
+          },
+          kind));
 }
 
 // The items of a comma-separated list ("a,b,c"; "" is one empty item).

@@ -319,6 +319,13 @@ def test_bad_input_exits_2():
             "flag with a value that is not a truth": base + ["--no-backward=maybe"],
             "integer with two signs": base + ["--seed", "+-5"],
         }
+        # an empty path is an error, never "not given" (a shell variable that expanded to nothing)
+        for opt in ("--inputs", "--out", "--report", "--trace", "--sinks"):
+            cases[f"run {opt} ''"] = base + [opt, ""]
+        for opt in ("--out", "--report"):
+            cases[f"decode {opt} ''"] = ["decode", opt, ""]
+        for opt in ("--inputs", "--report"):
+            cases[f"lab {opt} ''"] = ["lab", opt, ""]
         for what, args in cases.items():
             p = ringattn(2, *args, timeout=60)
             # mpirun adds its own epilogue about the non-zero exit; ours is the ringattn line

@@ -13,7 +13,9 @@
   failed_commit_keeps_old  a directory standing on an output name makes the commit fail with exit 3,
                         and the earlier results stay whole (the same bytes); the directory stays.
   stale_outputs_removed a --no-backward run into an old directory removes the old dq, dk, dv and
-                        keeps the inputs it read.
+                        keeps the inputs it read; an input that --out holds under a name the job
+                        writes (inputs converted on load, a sinks file named o.npy) is refused with
+                        exit 2 and every file stays.
   bad_input_creates_nothing  a job refused for bad input creates no --out directory; --out with a
                         missing parent says so.
   signals_exit_128_plus SIGINT and SIGTERM end a job with 130 and 143, removing what was staged.
@@ -218,6 +220,25 @@ def test_stale_outputs_removed():
         p = ringattn(2, "run", "--inputs", out, "--out", out, "--no-backward")
         check(p.returncode == 0 and {"q.npy", "k.npy", "v.npy", "dout.npy"} <= set(os.listdir(out)),
               f"the inputs it read stay ({p.returncode}: {error_lines(p)[:1]})")
+        # an input under a name the job writes is refused before anything runs: converted inputs are
+        # written as used (q.npy ... as f32), and a sinks file may not stand on an output name
+        sinks = os.path.join(out, "o.npy")
+        before = snapshot(out)
+        np.save(os.path.join(d, "sinks.npy"), np.zeros(2))
+        for what, args in {"inputs converted to f32": ["--inputs", out, "--dtype", "f32"],
+                           "a sinks file named o.npy": [*JOB[1:], "--sinks", sinks],
+                           "a sinks file named dsinks.npy": [*JOB[1:], "--sinks", os.path.join(out, "dsinks.npy")]}.items():
+            if "dsinks" in what:
+                os.replace(os.path.join(d, "sinks.npy"), os.path.join(out, "dsinks.npy"))
+                before = snapshot(out)
+            elif "o.npy" in what:
+                np.save(sinks, np.zeros(2))
+                before = snapshot(out)
+            p = ringattn(2, "run", *args, "--out", out)
+            lines = error_lines(p)
+            check(p.returncode == 2 and len(lines) == 1 and "--out" in lines[0] and "input" in lines[0],
+                  f"{what}: exit 2 naming --out and the input ({p.returncode}: {lines[:2]})")
+            check(snapshot(out) == before, f"{what}: every file is untouched")
 
 
 def test_bad_input_creates_nothing():

@@ -152,7 +152,7 @@ std::vector<Outcome> run(int N, int warmup, int iters, int wrong_rank = -1, int 
   std::vector<Outcome> res(N);
   on_ranks(N, [&](const comm::Group& g) {
     StandInJob job(g.rank(), layout, wrong_rank, wrong_whole);
-    StagedOutputs staged(g, OutputPaths{out, report, "", {}});
+    StagedOutputs staged(g, OutputPaths{out, report, "", {}, {}});
     HarnessOptions opt;
     opt.warmup = warmup;
     opt.iters = iters;

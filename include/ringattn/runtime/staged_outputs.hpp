@@ -12,7 +12,9 @@
 //   --report F, --trace F   a file (or nothing yet) in a writable directory, written atomically;
 //                a character device or FIFO is written through; a symlink is followed (the link
 //                stays, its target is replaced); never a directory, never an input file, never
-//                one of the outputs, never each other.
+//                one of the outputs, never each other. An input file that --out DIR holds under a
+//                name the job may write (q.npy read with --inputs DIR --out DIR and converted to
+//                --dtype, so written back as used; a --sinks file named o.npy) is refused too.
 // Staging: each job writes into its own hidden directory DIR/.ringattn-<job>.tmp (rank 0 creates
 // each file at its full size, every rank writes its positions), so concurrent jobs on one
 // directory never touch each other's files.
@@ -43,6 +45,8 @@ struct OutputPaths {
   std::string out_dir;                   // --out; empty: none
   std::string report, trace;             // --report, --trace; empty: none
   std::vector<std::string> inputs;       // files the job reads (never overwritten or removed)
+  std::vector<std::string> writes;       // names (without .npy) the job may write into --out: an
+                                         // input file standing on one is refused before any compute
 };
 
 // ringattn's own output names (any mode), without ".npy": a commit removes those it did not write.

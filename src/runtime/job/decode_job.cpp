@@ -569,7 +569,7 @@ DecodeResult run_decode(comm::Comm& comm, const DecodeConfig& c) {
   // The plan's default watchdog, for the prompt's ring and (with --check) the reference on rank 0.
   const double check_flops = c.check ? 4.0 * double(s.B) * double(s.S) * double(s.S) * double(s.H * s.D) : 0.0;
   comm.set_timeout(c.timeout_s.value_or(default_timeout(s, s.S, false, check_flops)));
-  StagedOutputs staged(comm, OutputPaths{c.out, c.report, "", {}});  // every path checked before any compute
+  StagedOutputs staged(comm, OutputPaths{c.out, c.report, "", {}, {}});  // every path checked before any compute
   DecodeResult res = core::with_storage(dtype, [&]<class S>() {
     return c.timing_only ? run_timing_only<S>(comm, c, s) : run_typed<S>(comm, c, s, staged);
   });

@@ -62,11 +62,17 @@ RunResult run_job(comm::Comm& comm, const JobConfig& c) {
   agreed(comm, [&] { p = make_plan(c, comm.size()); });
   agree_on_plan(comm, plan_fields(c, p));  // before anything whose size depends on the plan
   comm.set_timeout(p.timeout_s);
-  OutputPaths paths{c.out, c.report, c.trace, {}};
+  OutputPaths paths{c.out, c.report, c.trace, {}, {}};
   if (p.inputs.from_files())
     for (std::size_t t = 0; t < p.inputs.specs.size(); ++t)
       if (p.inputs.headers[t]) paths.inputs.push_back(p.inputs.path(p.inputs.specs[t]));
   if (!c.sinks_file.empty()) paths.inputs.push_back(c.sinks_file);
+  for (const std::string& name : own_output_names()) {  // all but the inputs it reads as they are
+    const bool kept = p.inputs.from_files() && !p.inputs.rounded &&
+                      std::any_of(p.inputs.specs.begin(), p.inputs.specs.end(),
+                                  [&](const auto& spec) { return spec.name == name; });
+    if (!kept) paths.writes.push_back(name);
+  }
   StagedOutputs staged(comm, paths);  // every output path checked before anything is computed
   RunResult res = core::with_storage(p.dtype, [&]<class S>() { return run_typed<S>(comm, c, p, staged); });
   res.facts = JobFacts{p.shape,    p.dtype,   p.mask.describe(), core::layout_name(p.layout.kind()),

@@ -178,6 +178,12 @@ struct StagedOutputs::Impl {
   void validate() {
     if (!p.out_dir.empty()) {
       validate_out();
+      for (const std::string& name : p.writes)
+        for (const std::string& in : p.inputs)
+          if (same_file(final_path(name + ".npy"), in))
+            throw InputError(fmt::format("--out {}: holds the input {} under the output name {}.npy, which the "
+                                         "commit would replace (expected the inputs outside --out, or another --out)",
+                                         p.out_dir, in, name));
       recover_at_start();
     }
     if (!p.report.empty()) {
@@ -391,6 +397,10 @@ void StagedOutputs::stage(const std::vector<OutputTensor>& files, const core::La
   cleanup::set_dir(m.stage_dir);  // whichever rank a signal reaches removes the staging directory
   agreed([&] {
     if (r != 0) return;
+    for (const OutputTensor& f : files)  // the constructor refused these for the names declared in `writes`
+      if (m.is_input(m.final_path(f.name + ".npy")))
+        throw RuntimeFailure(fmt::format("--out {}: {}.npy would replace an input of the job; nothing was changed",
+                                         m.p.out_dir, f.name));
     if (!there(m.dir)) {
       if (::mkdir(m.dir.c_str(), 0777) != 0 && errno != EEXIST)
         throw RuntimeFailure(fmt::format("--out {}: cannot create it: {}", m.p.out_dir, errno_text()));

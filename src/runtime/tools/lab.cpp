@@ -449,7 +449,7 @@ io::Json lab_report_json(const LabResult& res) {
 }
 
 LabResult lab_job(const comm::Comm& comm, const LabConfig& cfg) {
-  StagedOutputs staged(comm, OutputPaths{"", cfg.report, "", {}});  // --report checked before anything runs
+  StagedOutputs staged(comm, OutputPaths{"", cfg.report, "", {}, {}});  // --report checked before anything runs
   LabResult res = run_lab(comm, cfg);
   agreed_runtime(comm, [&] {
     if (comm.rank() == 0 && !cfg.report.empty()) staged.set_report(lab_report_json(res).dump(2) + "\n");
