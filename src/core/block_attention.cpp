@@ -136,15 +136,23 @@ void init_online_state(const Packing& pk, OnlineState<A> st) {
   std::fill_n(st.acc, pk.q_elems(), A(0));
 }
 
+namespace {
+// A sink logit in the kernels' log2 units (log2 e folded in, as into the scale), rounded to A once,
+// the same way by the forward's merge and the sinks' gradient.
+template <class A>
+A sink_log2(double sink) {
+  return static_cast<A>(sink * 1.4426950408889634);
+}
+}  // namespace
+
 template <class A>
 void finalize_forward(const Packing& pk, OnlineState<A> st, A* lse, const double* sinks, bool every_row_sees_a_key) {
   const Index rows = pk.row_elems(), D = pk.D;
-  constexpr double kLog2e = 1.4426950408889634;
   for (Index r = 0; r < rows; ++r) {
     A* a = st.acc + r * D;
     if (sinks) {  // merge (sink, 1, 0): m' = max(m, s), l' = l 2^(m - m') + 2^(s - m'), a' = a 2^(m - m')
       const Index h = (r / (pk.L * pk.G)) % pk.HKV * pk.G + r % pk.G;
-      const A s = static_cast<A>(sinks[h] * kLog2e);  // the kernels' log2 units
+      const A s = sink_log2<A>(sinks[h]);
       if (s != kNegInf<A> && !std::isnan(st.l[r])) {
         const A m = std::max(st.m[r], s);
         const A c = st.l[r] == A(0) ? A(0) : static_cast<A>(std::exp2(double(st.m[r]) - double(m)));
@@ -174,12 +182,15 @@ void finalize_forward(const Packing& pk, OnlineState<A> st, A* lse, const double
 }
 
 template <class A>
-void add_sink_grad(const Packing& pk, const A* lse, const A* delta, const double* sinks, double* dsinks) {
+void add_sink_grad(const Packing& pk, const A* m, const A* l, const A* delta, const double* sinks, double* dsinks) {
   const Index rows = pk.row_elems();
   for (Index r = 0; r < rows; ++r) {
     const Index h = (r / (pk.L * pk.G)) % pk.HKV * pk.G + r % pk.G;
     if (sinks[h] == kNegInf<double>) continue;  // P_sink = 0
-    dsinks[h] -= std::exp(sinks[h] - double(lse[r])) * double(delta[r]);
+    // 2^(s - m) / l as the forward merged it: exact where the sink is the row's maximum, where
+    // e^(sink - LSE) would lose sink's magnitude times the rounding of LSE
+    const double p = std::exp2(double(sink_log2<A>(sinks[h])) - double(m[r])) / double(l[r]);
+    dsinks[h] -= p * double(delta[r]);
   }
 }
 
@@ -230,8 +241,9 @@ template void init_online_state<float>(const Packing&, OnlineState<float>);
 template void init_online_state<double>(const Packing&, OnlineState<double>);
 template void finalize_forward<float>(const Packing&, OnlineState<float>, float*, const double*, bool);
 template void finalize_forward<double>(const Packing&, OnlineState<double>, double*, const double*, bool);
-template void add_sink_grad<float>(const Packing&, const float*, const float*, const double*, double*);
-template void add_sink_grad<double>(const Packing&, const double*, const double*, const double*, double*);
+template void add_sink_grad<float>(const Packing&, const float*, const float*, const float*, const double*, double*);
+template void add_sink_grad<double>(const Packing&, const double*, const double*, const double*, const double*,
+                                     double*);
 
 // ---- the SIMD target ---------------------------------------------------------------------------
 

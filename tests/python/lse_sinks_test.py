@@ -13,7 +13,7 @@ with the same loss on its rows and compares O, LSE, q.grad, k.grad, v.grad and s
 whole gradient, on every rank). Tolerances relative to max |ref|: f64 1e-10, f32 3e-4; bf16 and f16
 compute in f32 on the rounded inputs, and their gradients come back rounded to the inputs' dtype
 (half an ulp on top). Then: cu_seqlens gives bit for bit what the same doc_lens gives, a loss on
-LSE alone reaches q and k, and a rank whose loss skips LSE still meets the ranks whose loss uses it.
+LSE alone reaches q and k, sinks tied with scores of 2^53 keep sinks.grad's digits, and a rank whose loss skips LSE still meets the ranks whose loss uses it.
 Exit 0 only when every case passes on every rank.
 """
 
@@ -129,6 +129,42 @@ def mixed_lse_case():
     return ok
 
 
+def large_sink_case():
+    """Sinks tied with the largest scores at 2^26 and 2^53 (f64) and 2^10 (f32): sinks.grad keeps its
+    digits. Its P_sink comes from the forward's row statistics, 2^(sink log2 e - m) / l, exactly 1/2
+    at a tie of two; e^(sink - LSE) loses the sink's magnitude times LSE's rounding (relative errors
+    of 1e-7, 2e7 and 5e-4 in these three cases). A power-of-two scale and small integer q, k make every score exact, in the kernels'
+    log2 units too, so the ties are ties there as well."""
+    ok = True
+    for dtype, scale, tol in ((torch.float64, 2.0 ** 26, 1e-10), (torch.float64, 2.0 ** 53, 1e-10),
+                              (torch.float32, 2.0 ** 10, 3e-6)):
+        for strategy in ("ring", "allgather"):
+            S, H, D = 16, 2, 8
+            g = torch.Generator().manual_seed(11)
+            # small integers: the scores are exact multiples of the scale, and ties with the sink exact
+            qf, kf = (torch.randint(-2, 3, (1, S, H, D), generator=g).double() for _ in range(2))
+            vf = torch.randn(1, S, H, D, generator=g, dtype=torch.float64)
+            w_o = torch.randn(1, S, H, D, generator=g, dtype=torch.float64).to(dtype).double()
+            scores = torch.einsum("bihd,bjhd->bhij", qf, kf)
+            sinks = torch.tensor([float(scores[0, 0, 0].max()) * scale, float(scores[0, 1, 3].max()) * scale],
+                                 dtype=torch.float64)
+            sf = sinks.clone().requires_grad_(True)
+            s = torch.cat([scores * scale, sf.view(1, H, 1, 1).expand(1, H, S, 1)], dim=-1)
+            o_ref = torch.einsum("bhij,bjhd->bihd", torch.softmax(s, dim=-1)[..., :S], vf)
+            (o_ref * w_o).sum().backward()
+            pos = torch.from_numpy(ringattn.positions(S, N, RANK, "contiguous"))
+            q, k, v = (t[:, pos].to(dtype).requires_grad_(True) for t in (qf, kf, vf))
+            sr = sinks.to(dtype).requires_grad_(True)
+            o = ringattn.attention(q, k, v, seq_len=S, layout="contiguous", scale=scale, sinks=sr, strategy=strategy,
+                                   timeout=60)
+            (o.double() * w_o[:, pos]).sum().backward()
+            e = rel_error(sr.grad, sf.grad)
+            ok &= agreed(f"{str(dtype)[6:]} {strategy} sinks tied with scores at 2^{math.log2(scale):.0f}: sinks.grad",
+                         e <= tol,
+                         f"{e:.1e}")
+    return ok
+
+
 def refusals():
     """Bad cu_seqlens and sinks raise InputError naming them, on every rank."""
     ok = True
@@ -188,7 +224,7 @@ def main():
         except Exception:
             traceback.print_exc()
             ok &= agreed(name, False, "raised")
-    for case in (cu_seqlens_case, mixed_lse_case, refusals):
+    for case in (cu_seqlens_case, mixed_lse_case, large_sink_case, refusals):
         try:
             ok &= case()
         except Exception:

@@ -166,7 +166,7 @@ DenseResult simulate_ring(const Global& g, const Layout& l, const Mask& mask, do
       A* c = contrib[r][j].data();
       block_backward(gq, block(o), mask, A(scale), c, c + kv[o].size() / 2, ws, {}, A(x.softcap));
     }
-    if (!x.sinks.empty()) add_sink_grad(pq, lse.data(), delta.data(), x.sinks.data(), out.dsinks.data());
+    if (!x.sinks.empty()) add_sink_grad(pq, m.data(), lsum.data(), delta.data(), x.sinks.data(), out.dsinks.data());
     unshard(acc, s, s.H, l, r, out.o);
     unshard(dq, s, s.H, l, r, out.dq);
     // lse rows [B, HKV, L, G] -> [B, H, S]

@@ -169,10 +169,11 @@ void finalize_forward(const Packing& pk, OnlineState<A> st, A* lse, const double
                       bool every_row_sees_a_key = false);
 
 // The sinks' gradient from this shard's rows (in row order, in double), added into dsinks [pk.H()]:
-//   dL/dsink_h = -sum_i P_sink,i delta_i,   P_sink,i = e^(sink_h - LSE_i)
-// with delta the backward's row term (D_i = sum dO_i.O_i - dLSE_i) and lse the forward's.
+//   dL/dsink_h = -sum_i P_sink,i delta_i,   P_sink,i = e^(sink_h - LSE_i) = 2^(sink_h log2 e - m_i) / l_i
+// with delta the backward's row term (D_i = sum dO_i.O_i - dLSE_i) and m, l the row statistics
+// finalize_forward left (the second form keeps every bit where the sink dominates a huge row).
 template <class A>
-void add_sink_grad(const Packing& pk, const A* lse, const A* delta, const double* sinks, double* dsinks);
+void add_sink_grad(const Packing& pk, const A* m, const A* l, const A* delta, const double* sinks, double* dsinks);
 
 // What the backward needs of the query side.
 template <class S>

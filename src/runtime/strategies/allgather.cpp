@@ -231,7 +231,7 @@ void AllGatherAttention<S>::add_sink_grad(double* dsinks) const {
   if (!s_.sinks || s_.timing_only) return;
   for (int g = 0; g < groups_; ++g) {
     const Index h0 = Index(g) * G_ * s_.shape.G();
-    core::add_sink_grad(pq_, g_[g].lse.data(), g_[g].delta.data(), s_.sinks + h0, dsinks + h0);
+    core::add_sink_grad(pq_, g_[g].m.data(), g_[g].l.data(), g_[g].delta.data(), s_.sinks + h0, dsinks + h0);
   }
 }
 

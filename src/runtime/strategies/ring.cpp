@@ -101,7 +101,7 @@ void RingAttention<T>::load_dlse(const A* dlse) {
 
 template <class T>
 void RingAttention<T>::add_sink_grad(double* dsinks) const {
-  if (s_.sinks && !s_.timing_only) core::add_sink_grad(pq_, lse_.data(), delta_.data(), s_.sinks, dsinks);
+  if (s_.sinks && !s_.timing_only) core::add_sink_grad(pq_, m_.data(), l_.data(), delta_.data(), s_.sinks, dsinks);
 }
 
 template <class T>
