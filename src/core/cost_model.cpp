@@ -18,6 +18,9 @@ void CostInputs::validate() const {
     throw InputError(fmt::format("cost model: shape B={} S={} H={} HKV={} D={} was not checked by the plan", B, S, H,
                                  HKV, D));
   if (N < 1) throw InputError(fmt::format("--ranks: {} is not a positive size (expected >= 1)", N));
+  if (N > std::numeric_limits<int>::max())  // MPI numbers ranks with an int
+    throw InputError(fmt::format("--ranks: {} is more ranks than MPI can number (expected at most {})", N,
+                                 std::numeric_limits<int>::max()));
   auto rate = [](double v, const char* opt, const char* unit) {
     if (!(v > 0) || !std::isfinite(v))
       throw InputError(fmt::format("{}: {} is not a positive number (expected {} > 0)", opt, v, unit));
@@ -139,10 +142,18 @@ StrategyEstimate estimate_allgather(const CostInputs& in, const CostEstimate& ri
 }  // namespace
 
 Index default_kv_head_group(Index B, Index S, Index HKV, Index D, double bytes) {
-  const double per_head = 2.0 * 2.0 * double(B) * double(S) * double(D) * bytes;
+  const double per_head = 2.0 * 2.0 * double(B) * double(S) * double(D) * bytes, budget = 256.0 * 1048576.0;
+  auto fits = [&](Index G) { return HKV / G >= 2 && double(G) * per_head <= budget; };
+  // The largest divisor G of HKV that fits, from the divisor pairs (d, HKV/d) with d <= sqrt(HKV):
+  // the first d whose partner fits gives it; else the largest d that fits. A loop over every G up
+  // to HKV would not end for a plan of 2^40 heads.
   Index best = 1;
-  for (Index G = 1; G <= HKV; ++G)
-    if (HKV % G == 0 && (HKV / G >= 2 || HKV == 1) && double(G) * per_head <= 256.0 * 1048576.0) best = G;
+  for (Index d = 1; d <= HKV / d; ++d) {
+    if (HKV % d != 0) continue;
+    if (fits(HKV / d)) return HKV / d;
+    if (!fits(d)) break;  // no larger d fits either
+    best = d;
+  }
   return best;
 }
 
@@ -153,8 +164,14 @@ std::vector<StrategyEstimate> estimate_strategies(const CostInputs& in) {
   if (!uly.impossible.empty())
     uly.impossible = fmt::format("H={} query heads do not split over N={} devices (expected H % N == 0)", in.H, in.N);
   out.push_back(uly);
-  for (Index U = 2; U < in.N; ++U)
-    if (in.N % U == 0) out.push_back(estimate_strategy(in, ring, "usp", U));
+  std::vector<Index> us;  // every U with 1 < U < N dividing N, from the pairs (d, N/d), d <= sqrt(N)
+  for (Index d = 2; d <= in.N / d; ++d)
+    if (in.N % d == 0) {
+      us.push_back(d);
+      if (d != in.N / d) us.push_back(in.N / d);
+    }
+  std::sort(us.begin(), us.end());
+  for (const Index U : us) out.push_back(estimate_strategy(in, ring, "usp", U));
   out.push_back(estimate_allgather(in, ring));
   return out;
 }

@@ -293,3 +293,32 @@ TEST(CostModel, StrategiesTheShapeForbidsAreNamed) {
   EXPECT_NE(estimate_strategies(in)[2].impossible.find("H % U == 0"), std::string::npos);
   EXPECT_EQ(predicted_best(estimate_strategies(in)).strategy, "ring");
 }
+
+// The chosen G is the largest divisor of HKV leaving at least two groups whose gathered K/V fits
+// in 256 MiB, 1 when none does: the rule by brute force over every G.
+TEST(CostModel, DefaultKvHeadGroupIsTheLargestDivisorThatFits) {
+  for (const Index S : {Index(1), Index(4096), Index(1) << 20, Index(1) << 24})
+    for (Index HKV = 1; HKV <= 240; ++HKV) {
+      const double per_head = 2.0 * 2.0 * double(S) * 64.0 * 2.0, budget = 256.0 * 1048576.0;
+      Index want = 1;
+      for (Index G = 1; G <= HKV; ++G)
+        if (HKV % G == 0 && HKV / G >= 2 && double(G) * per_head <= budget) want = G;
+      EXPECT_EQ(default_kv_head_group(1, S, HKV, 64, 2.0), want) << "S=" << S << " HKV=" << HKV;
+    }
+}
+
+// Huge counts end at once: the usp rows come from N's divisor pairs, G from HKV's; N beyond MPI's
+// int is refused.
+TEST(CostModel, HugeCountsEndQuickly) {
+  CostInputs in;
+  in.N = (Index(1) << 31) - 1;  // prime: ring, ulysses and allgather only
+  EXPECT_EQ(estimate_strategies(in).size(), 3u);
+  in.N = Index(1) << 30;  // U = 2, 4, ..., 2^29
+  const std::vector<StrategyEstimate> st = estimate_strategies(in);
+  ASSERT_EQ(st.size(), 3u + 29u);
+  for (std::size_t i = 2; i + 1 < st.size(); ++i) EXPECT_EQ(st[i].U, Index(1) << (i - 1));
+  in.N = Index(1) << 31;
+  EXPECT_THROW(estimate_cost(in), InputError);
+  EXPECT_EQ(default_kv_head_group(1, 1, Index(1) << 40, 1, 64.0), Index(1) << 20);  // 256 bytes a head: 2^20 fit
+  EXPECT_EQ(default_kv_head_group(1, 1, (Index(1) << 61) - 1, 1, 64.0), 1);  // a prime: 2^20 steps, not 2^61
+}
