@@ -145,13 +145,13 @@ Index default_kv_head_group(Index B, Index S, Index HKV, Index D, double bytes) 
   const double per_head = 2.0 * 2.0 * double(B) * double(S) * double(D) * bytes, budget = 256.0 * 1048576.0;
   auto fits = [&](Index G) { return HKV / G >= 2 && double(G) * per_head <= budget; };
   // The largest divisor G of HKV that fits, from the divisor pairs (d, HKV/d) with d <= sqrt(HKV):
-  // the first d whose partner fits gives it; else the largest d that fits. A loop over every G up
-  // to HKV would not end for a plan of 2^40 heads.
+  // the first d whose partner fits gives it; else the largest d that fits. The walk stops at the
+  // first d too large to fit (no later d nor its partner, which is larger, fits either), so it
+  // takes at most min(sqrt(HKV), the heads that fit) steps, even for a prime HKV.
   Index best = 1;
-  for (Index d = 1; d <= HKV / d; ++d) {
+  for (Index d = 1; d <= HKV / d && fits(d); ++d) {
     if (HKV % d != 0) continue;
     if (fits(HKV / d)) return HKV / d;
-    if (!fits(d)) break;  // no larger d fits either
     best = d;
   }
   return best;

@@ -179,11 +179,10 @@ struct StagedOutputs::Impl {
     if (!p.out_dir.empty()) {
       validate_out();
       for (const std::string& name : p.writes)
-        for (const std::string& in : p.inputs)
-          if (same_file(final_path(name + ".npy"), in))
-            throw InputError(fmt::format("--out {}: holds the input {} under the output name {}.npy, which the "
-                                         "commit would replace (expected the inputs outside --out, or another --out)",
-                                         p.out_dir, in, name));
+        if (const std::string final = final_path(name + ".npy"); is_input(final))
+          throw InputError(fmt::format("--out {}: holds the input {} under the output name {}.npy, which the "
+                                       "commit would replace (expected the inputs outside --out, or another --out)",
+                                       p.out_dir, input_at(final), name));
       recover_at_start();
     }
     if (!p.report.empty()) {
@@ -212,8 +211,13 @@ struct StagedOutputs::Impl {
     }
   }
 
-  bool is_input(const std::string& path) const {
-    return std::any_of(p.inputs.begin(), p.inputs.end(), [&](const std::string& in) { return same_file(in, path); });
+  bool is_input(const std::string& path) const { return !input_at(path).empty(); }
+
+  // The input as the user named it that is the file at path; empty if none is.
+  std::string input_at(const std::string& path) const {
+    const auto in =
+        std::find_if(p.inputs.begin(), p.inputs.end(), [&](const std::string& i) { return same_file(i, path); });
+    return in == p.inputs.end() ? std::string{} : *in;
   }
 
   // Rank 0, under the lock on DIR: what jobs that died left. A commit journal is finished (only
