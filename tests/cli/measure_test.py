@@ -206,6 +206,12 @@ def test_probe_strategies():
     check(p.returncode == 2 and len(lines) == 1 and "ring, ulysses, usp or allgather" in lines[0]
           and "--strategies: unknown strategy 'tree'" in lines[0],
           f"unknown strategy: exit 2, one line naming --strategies ({p.returncode}: {lines})")
+    # A U the user gives is checked as run checks it, before anything is measured.
+    p = run([ARGS.mpirun, "-np", 2, ARGS.binary, "probe", "--strategies", "ring,usp", "--ulysses-degree", 3])
+    lines = [l for l in p.stderr.splitlines() if l.startswith("ringattn")]
+    check(p.returncode == 2 and len(lines) == 1 and lines[0].startswith("ringattn: error: --ulysses-degree:")
+          and "does not divide N=2" in lines[0] and "step 1" not in p.stdout,
+          f"--ulysses-degree 3 at N=2: exit 2, one line, nothing measured ({p.returncode}: {lines})")
 
 
 # scripts/sweep.sh then scripts/plot.py, on a small grid: a CSV row per run and three PNGs.
