@@ -336,6 +336,15 @@ std::vector<T> read_npy(const std::string& path, const NpyHeader& h) {
   return out;
 }
 
+double read_npy_element(const std::string& path, const NpyHeader& h, Index flat) {
+  const Index n = h.elements();
+  if (flat < 0 || flat >= n)
+    throw RuntimeFailure(fmt::format("{}: element {} is outside the file's {} elements", path, flat, n));
+  const Run one{flat, 0, 1};
+  double x = 0;
+  read_segments(path, h, Geometry{1, n, 1}, std::span<const Run>(&one, 1), 1, &x);
+  return x;
+}
 
 void create_npy(const std::string& path, DType dtype, const std::vector<Index>& shape) {
   std::string header;

@@ -223,6 +223,10 @@ CASES = [
     # striped over 3 ranks: position 5 is rank 2's
     Case("neg_inf_in_dout_on_rank2_striped", INPUTS + ["--layout", "striped"], ["dout.npy", "[0, 5, 1, 0]"],
          set_value("dout.npy", (0, 5, 1, 0), -np.inf), np_=3),
+    # a finite value the storage type cannot hold is out of range, not "non-finite" (70000 > 65504)
+    Case("f32_value_beyond_f16", INPUTS + ["--dtype", "f16"], ["k.npy", "value 70000 at index [0, 12, 1, 3]",
+                                                              "out of f16's range", "65504"],
+         set_value("k.npy", (0, 12, 1, 3), 70000.0)),
     Case("nan_in_k_f64", INPUTS, ["k.npy", "[0, 15, 1, 3]"], set_value("k.npy", (0, 15, 1, 3), np.nan, np.float64)),
     # options
     Case("partition_wrong_length", SMALL + ["--partition", "8,8,0"], ["--partition"]),
@@ -266,7 +270,8 @@ CASES = [
     # /proc exists and passes access(W_OK) for root, yet no file can be created in it
     Case("out_is_proc", SMALL + ["--out", "/proc"], ["--out"], out=False),
     Case("out_under_proc", SMALL + ["--out", "/proc/ringattn-robust-test"], ["--out"], out=False),
-    Case("report_under_a_file", SMALL + ["--report", "{d}/afile/r.json"], ["--report"], a_file),
+    Case("report_under_a_file", SMALL + ["--report", "{d}/afile/r.json"], ["--report", "afile is not a directory"],
+         a_file),
     Case("report_in_proc", SMALL + ["--report", "/proc/ringattn-robust-test.json"], ["--report"]),
     Case("trace_in_proc", SMALL + ["--trace", "/proc/ringattn-robust-test.jsonl"], ["--trace"]),
     # values that make no sense, found before anything runs

@@ -300,6 +300,8 @@ def test_ranks_must_agree():
             ("the layout", ["--seq", 64, *base, "--layout", "striped"], ["--seq", 64, *base, "--layout", "zigzag"],
              "layout"),
             ("an option one rank cannot parse", ["--seq", 64, *base], ["--seq", "lots", *base], "--seq"),
+            # the default watchdog counts --check's flops: the option itself is named, not --timeout
+            ("--check alone", ["--seq", 64, *base, "--check"], ["--seq", 64, *base], "--check:"),
             ("an option one rank refuses", ["--seq", 64, *base, "--model-dim", 4], ["--seq", 64, *base], "--model-dim"),
         ]
         for what, a, b, field in cases:

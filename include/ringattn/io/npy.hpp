@@ -52,6 +52,10 @@ void read_npy_positions(const std::string& path, const NpyHeader& h, int pos_axi
 template <class T>
 std::vector<T> read_npy(const std::string& path, const NpyHeader& h);
 
+// Element `flat` (row-major index) of the file as it is stored, widened to double: what a
+// converted value was before conversion.
+double read_npy_element(const std::string& path, const NpyHeader& h, core::Index flat);
+
 // The header bytes create_npy writes (numpy's exact format); its size is the data offset.
 std::string npy_header_bytes(core::DType dtype, const std::vector<core::Index>& shape);
 

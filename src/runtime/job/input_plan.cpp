@@ -6,12 +6,15 @@
 
 #include <algorithm>
 #include <cmath>
+#include <concepts>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 
 #include "ringattn/comm/simulation.hpp"
 #include "ringattn/core/errors.hpp"
+#include "ringattn/core/storage.hpp"
 #include "ringattn/runtime/paths.hpp"
 
 namespace ringattn::runtime {
@@ -75,10 +78,19 @@ void agree_opt(const std::optional<Index>& given, Index file, const char* opt) {
 
 namespace {
 
-// The first non-finite value of a local tensor, reported by its global index.
+// The largest finite value of a storage type.
+template <class T>
+double largest_finite() {
+  if constexpr (std::same_as<T, core::f16>) return 65504.0;
+  else if constexpr (std::same_as<T, core::bf16>) return 0x1.fep127;
+  else return static_cast<double>(std::numeric_limits<T>::max());
+}
+
+// The first non-finite value of a local tensor read from `file`, reported by its global index: a
+// non-finite value of the file, or a finite one the storage type could not hold.
 template <class T>
 void check_finite(const std::vector<T>& x, const TensorSpec& spec, const core::Layout& layout, int rank,
-                  const std::string& file) {
+                  const std::string& file, const io::NpyHeader& header) {
   const bool whole = spec.pos_axis == kWhole;
   const Index L = whole ? 1 : layout.size(rank), S = whole ? 1 : layout.seq(), inner = spec.inner();
   const auto pos = layout.positions(rank);
@@ -89,13 +101,18 @@ void check_finite(const std::vector<T>& x, const TensorSpec& spec, const core::L
       const Index a = n / (L * inner), i = (n / inner) % L, e = n % inner;
       flat = (a * S + pos[i]) * inner + e;
     }
+    const double given = io::read_npy_element(file, header, flat);
     std::vector<Index> idx(spec.shape.size());
     for (int d = static_cast<int>(spec.shape.size()) - 1; d >= 0; --d) {
       idx[d] = flat % spec.shape[d];
       flat /= spec.shape[d];
     }
-    throw InputError(fmt::format("{}: non-finite value {} at index {} (expected finite inputs)", file,
-                                 core::value_cast<double>(x[n]), shape_str(idx)));
+    if (std::isfinite(given))
+      throw InputError(fmt::format("{}: value {} at index {} is out of {}'s range (it becomes {}; expected |x| <= "
+                                   "{})", file, given, shape_str(idx), core::dtype_name(core::dtype_of<T>()),
+                                   core::value_cast<double>(x[n]), largest_finite<T>()));
+    throw InputError(fmt::format("{}: non-finite value {} at index {} (expected finite inputs)", file, given,
+                                 shape_str(idx)));
   }
 }
 
@@ -136,7 +153,7 @@ std::vector<std::vector<T>> load_inputs(const InputPlan& plan, const core::Layou
     const std::string path = plan.path(spec);
     if (spec.pos_axis == kWhole) dst = io::read_npy<T>(path, *plan.headers[t]);
     else io::read_npy_positions<T>(path, *plan.headers[t], spec.pos_axis, runs, L, dst.data());
-    check_finite(dst, spec, layout, rank, path);
+    check_finite(dst, spec, layout, rank, path, *plan.headers[t]);
   }
   return out;
 }

@@ -283,6 +283,11 @@ std::vector<PlanField> plan_fields(const JobConfig& c, const JobPlan& p) {
       f.push_back({p.inputs.specs[t].name + ".npy's header",
                    p.inputs.headers[t] ? io::describe(p.inputs.headers[t]->dtype, p.inputs.headers[t]->shape)
                                        : "(absent)"});
+  // The watchdog's default is derived from everything above (the shape, --check's flops), so it is
+  // compared last: ranks that differ only on --check are told --check, not --timeout.
+  const std::string timeout = cli_names()[Option::timeout];
+  const auto at = std::find_if(f.begin(), f.end(), [&](const PlanField& x) { return x.name == timeout; });
+  if (at != f.end()) std::rotate(at, at + 1, f.end());
   return f;
 }
 

@@ -79,8 +79,11 @@ TextTarget resolve_text_target(const std::string& given, const char* opt) {
                                  NAME_MAX));
   const std::string dir = p.parent_path().empty() ? "." : p.parent_path().string();
   std::error_code ec;
-  if (!fs::is_directory(dir, ec))
-    throw InputError(fmt::format("{}: directory {} does not exist (expected a writable directory)", what, dir));
+  if (!fs::is_directory(dir, ec)) {
+    const bool exists = fs::exists(dir, ec);  // e.g. a regular file where the directory should be
+    throw InputError(fmt::format("{}: {} (expected a writable directory)", what,
+                                 exists ? dir + " is not a directory" : "directory " + dir + " does not exist"));
+  }
   probe_writable(dir, what);
   return t;
 }
