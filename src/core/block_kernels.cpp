@@ -442,15 +442,24 @@ Work backward_impl(const GradQueryShard<S>& gq, const KVBlock<S>& kv, const Mask
 // delta_i = sum_d dO_id O_id, one FMA chain over d in the order of the dP products: for a row
 // whose softmax is one-hot (O is its V row exactly), dP - delta is then exactly 0, as in the
 // dense reference.
+//
+// A row of dO holding an infinity has delta NaN. The dense form's delta, sum_j P_ij dP_ij, is then
+// a sum of infinities (NaN when their signs differ), and dP_ij - delta is NaN for every visible j
+// either way; dO_i . O_i would be one signed infinity instead, and dP_ij - delta would be +-inf
+// for some j, which dK would carry as +-inf where PyTorch has NaN.
 template <class S, class A>
 void delta_impl(const Packing& pk, const S* dout, const A* o, A* delta) {
   const hn::CappedTag<A, 1> d1;
   const Index rows = pk.row_elems(), D = pk.D;
   for (Index r = 0; r < rows; ++r) {
     auto acc = hn::Zero(d1);
-    for (Index e = 0; e < D; ++e)
-      acc = hn::MulAdd(hn::Set(d1, widen<A>(dout[r * D + e])), hn::Set(d1, o[r * D + e]), acc);
-    delta[r] = hn::GetLane(acc);
+    bool inf = false;
+    for (Index e = 0; e < D; ++e) {
+      const A x = widen<A>(dout[r * D + e]);
+      inf = inf || std::isinf(x);
+      acc = hn::MulAdd(hn::Set(d1, x), hn::Set(d1, o[r * D + e]), acc);
+    }
+    delta[r] = inf ? std::numeric_limits<A>::quiet_NaN() : hn::GetLane(acc);
   }
 }
 

@@ -10,7 +10,9 @@ whole sequence and compares its own positions of O, LSE, dq, dk, dv with ringatt
 (ring; ulysses where the H = 6 heads split over N; usp at N = 4; float64 and bfloat16; contiguous
 and zigzag; causal or not):
 
-- the pattern: every element is non-finite exactly where the reference's is (NaN or +-inf alike);
+- the pattern: every element is non-finite exactly where the reference's is, and of the same kind
+  (NaN, +inf or -inf), except the LSE of a row with a +inf score, NaN where torch.logsumexp gives
+  +inf (its O is NaN in both);
 - the values: the finite elements within the usual tolerance, relative to max |ref| over the finite
   reference elements (float64 1e-10; bf16 computes in float32 on the rounded inputs: O, LSE 3e-4,
   the gradients, rounded once to bf16, 2^-8 + 3e-4, as tests/python/attention_test.py).
@@ -89,6 +91,7 @@ def worker():
         "k nan": ("k", (0, 7, 1, 5), math.nan),
         "v nan": ("v", (1, 7, 0, 1), math.nan),
         "dout nan": ("dout", (0, 4, 4, 7), math.nan),
+        "dout +inf": ("dout", (1, 8, 2, 6), math.inf),  # dk NaN wherever row 8 sees the key, dv +-inf
         "q +inf": ("q", (0, 5, 1, 0), math.inf),
         "k +inf": ("k", (1, 9, 0, 3), math.inf),  # some rows see +inf scores, others -inf ones
         "k nan at 0": ("k", (1, 0, 1, 0), math.nan),  # every row sees key 0
@@ -214,6 +217,14 @@ def worker():
             not_neg_inf = int(((r == -math.inf) & (x != -math.inf)).sum()) if n == "lse" else 0
             if not_neg_inf:
                 bad.append(f"lse: {not_neg_inf} not -inf where the reference's is")
+            # NaN where the reference has NaN, and each infinity with its sign; except the documented
+            # LSE of a row with a +inf score: NaN (its O is NaN), where torch.logsumexp gives +inf
+            other = (torch.isnan(x) != torch.isnan(r)) | ((x != r) & torch.isinf(r))
+            if n == "lse":
+                other &= ~((r == math.inf) & torch.isnan(x))
+            kind = int(other.sum())
+            if not (missed or extra) and kind:
+                bad.append(f"{n}: {kind} non-finite elements of another kind than the reference's (NaN, +inf, -inf)")
             if missed or extra:
                 zeros = int(((x == 0) & ~rf).sum())
                 bad.append(f"{n}: {missed} finite where the reference is not ({zeros} of them 0), "
