@@ -632,9 +632,48 @@ Work block_backward(const GradQueryShard<S>& g, const KVBlock<S>& kv, const Mask
   return dispatch_backward(g, kv, mask, scale, dk, dv, ws, progress, softcap);
 }
 
+namespace {
+
+// delta for bf16 storage where the backward's dP = dO V^T runs on bf16 products (AMX tiles or a
+// dot-product instruction): delta_i = dO_i . hi(O_i) on the same engine, plus the f32 chain of
+// dO_i . (O_i - hi(O_i)), where hi rounds to bf16 (the remainder is exact in f32). Each element of
+// the engine's product is one chain in a fixed order whatever its row and column, so a row whose
+// softmax is one-hot (O_i is a V row, already bf16) has delta_i equal to its dP_ij bit for bit and
+// dS = 0 exactly, as on the f32 kernels. Rows whose delta is not finite keep it (see delta_impl).
+void delta_on_bf16_products(const Packing& pk, const bf16* dout, const float* o, float* delta) {
+  const bool dot = bf16dot::enabled();
+  if (!dot && !amx::enabled()) return;
+  constexpr Index T = amx::kTileRows;
+  const Index D = pk.D, Dp = amx::padded_depth(D), rows = pk.row_elems(), ldk = amx::packed_keys(T);
+  std::vector<std::uint16_t> hi(T * D), a(2 * T * Dp), b(Dp * ldk);
+  std::vector<float> s(T * T);
+  std::optional<amx::TileScope> scope;
+  if (!dot) scope.emplace();
+  auto* product = dot ? &bf16dot::scores : &amx::scores;
+  const auto* bits = reinterpret_cast<const std::uint16_t*>(dout);
+  for (Index i0 = 0; i0 < rows; i0 += T) {
+    const Index n = std::min(T, rows - i0);
+    for (Index e = 0; e < n * D; ++e) hi[e] = to_bf16(o[i0 * D + e]).bits;
+    amx::pack_rows(bits + i0 * D, n, D, a.data());
+    amx::pack_pairs(hi.data(), n, D, ldk, b.data());
+    product(amx::Epilogue::store, a.data(), n, b.data(), ldk, n, Dp, s.data(), T, 1.0f, nullptr, nullptr, nullptr);
+    for (Index i = 0; i < n; ++i) {
+      const Index r = i0 + i;
+      if (!std::isfinite(delta[r])) continue;
+      float rest = 0;
+      for (Index d = 0; d < D; ++d)
+        rest = std::fma(to_float(dout[r * D + d]), o[r * D + d] - to_float(bf16{hi[i * D + d]}), rest);
+      delta[r] = s[i * T + i] + rest;
+    }
+  }
+}
+
+}  // namespace
+
 template <class S>
 void compute_delta(const Packing& pk, const S* dout, const accum_t<S>* o, accum_t<S>* delta) {
   dispatch_delta(pk, dout, o, delta);
+  if constexpr (std::is_same_v<S, bf16>) delta_on_bf16_products(pk, dout, o, delta);
 }
 
 #define RINGATTN_INSTANTIATE(S)                                                                                   \

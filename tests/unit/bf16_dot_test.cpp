@@ -295,6 +295,73 @@ TEST(Bf16Dot, Bf16KernelsAgreeWithAndWithoutDotProducts) {
   amx::set_enabled(amx_was);
 }
 
+// Every query equal to a key, all of norm 60 (row i to key (7 i + 3) mod L): each softmax is one-hot,
+// O is that key's V row, already bf16, and dS is 0, so dQ and dK are exactly 0 on every engine and
+// at either precision. delta must then be dP's own sum, in the dot products' order: with an f32
+// chain instead, 6 of the 6 dot-product cases were up to 1e-6 of |dO||V| off, which dQ and dK carried.
+TEST(Bf16Dot, OneHotRowsHaveExactlyZeroGradient) {
+  REQUIRE_BF16DOT();
+  const bool amx_was = amx::enabled(), dot_was = bf16dot::enabled();
+  enum Engine { dot, tiles, fma };
+  for (const Engine engine : {dot, tiles, fma})
+    for (const Precision precision : {Precision::f32, Precision::bf16})
+      for (const Index D : {16, 64, 128}) {
+        if (engine == tiles && !amx::available()) continue;  // AMX tiles only where the CPU has them
+        SCOPED_TRACE(testing::Message() << (engine == dot ? "dot products" : engine == tiles ? "AMX" : "f32 FMA")
+                                        << " D=" << D << (precision == Precision::bf16 ? " precision bf16" : ""));
+        bf16dot::set_enabled(engine == dot);
+        amx::set_enabled(engine == tiles);
+        const Index L = 40;
+        auto key_of = [&](Index i) { return (7 * i + 3) % L; };
+        std::mt19937 rng(11);
+        std::normal_distribution<float> nd;
+        std::vector<bf16> q(L * D), k(L * D), v(L * D), dout(L * D);
+        for (Index j = 0; j < L; ++j) {  // keys of norm 60: a key's own score leads the others by >> 150 bits
+          std::vector<float> x(D);
+          float norm = 0;
+          for (float& e : x) {
+            e = nd(rng);
+            norm += e * e;
+          }
+          for (Index d = 0; d < D; ++d) k[j * D + d] = to_bf16(60 * x[d] / std::sqrt(norm));
+        }
+        for (Index e = 0; e < L * D; ++e) {
+          v[e] = to_bf16(nd(rng));
+          dout[e] = to_bf16(nd(rng));
+        }
+        for (Index i = 0; i < L; ++i)
+          for (Index d = 0; d < D; ++d) q[i * D + d] = k[key_of(i) * D + d];
+        std::vector<Index> pos(L);
+        for (Index i = 0; i < L; ++i) pos[i] = i;
+        const Packing pk{1, 1, 1, L, D};
+        Workspace<float> ws(resolve_tiling({}, D, L, 1), D, precision);
+        const float scale = 1.0f / std::sqrt(float(D));
+        std::vector<float> m(L), l(L), o(L * D), lse(L), delta(L), dq(L * D, 0.f), dk(L * D, 0.f), dv(L * D, 0.f);
+        OnlineState<float> st{m.data(), l.data(), o.data()};
+        init_online_state(pk, st);
+        const QueryShard<bf16> qs{pk, pos, q.data()};
+        const KVBlock<bf16> kvb{pk, pos, k.data(), v.data()};
+        block_forward(qs, kvb, Mask::none(), scale, st, ws, {}, 0.f);
+        finalize_forward(pk, st, lse.data());
+        for (Index i = 0; i < L; ++i)
+          for (Index d = 0; d < D; ++d)
+            ASSERT_EQ(o[i * D + d], to_float(v[key_of(i) * D + d])) << "row " << i << " is not one-hot";
+        compute_delta(pk, dout.data(), o.data(), delta.data());
+        const GradQueryShard<bf16> g{qs, dout.data(), m.data(), l.data(), delta.data(), dq.data()};
+        block_backward(g, kvb, Mask::none(), scale, dk.data(), dv.data(), ws, {}, 0.f);
+        auto largest = [](const std::vector<float>& x) {
+          float w = 0;
+          for (float e : x) w = std::max(w, std::abs(e));
+          return w;
+        };
+        EXPECT_EQ(largest(dq), 0.f);
+        EXPECT_EQ(largest(dk), 0.f);
+        EXPECT_EQ(dv[key_of(5) * D], to_float(dout[5 * D])) << "dV is the dO of the row that sees the key";
+      }
+  bf16dot::set_enabled(dot_was);
+  amx::set_enabled(amx_was);
+}
+
 TEST(Bf16Dot, EnvironmentSwitch) {
   EXPECT_EQ(bf16dot::requested(nullptr), -1);
   EXPECT_EQ(bf16dot::requested(""), -1);
