@@ -127,7 +127,8 @@ void* Comm::native() const { return reinterpret_cast<void*>(impl_->comm); }
 
 namespace {
 std::string collective(const char* name, int rank) {
-  return std::string(name) + " on rank " + std::to_string(rank) + " (a peer has not reached it: it stopped, or its work takes longer than the timeout)";
+  return std::string(name) + " on rank " + std::to_string(rank) +
+         " (a peer has not reached it: it stopped, or its work takes longer than the timeout)";
 }
 }  // namespace
 

@@ -50,6 +50,7 @@
 #include "hwy/highway.h"
 
 #include <algorithm>
+#include <bit>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -439,14 +440,14 @@ Work backward_impl(const GradQueryShard<S>& gq, const KVBlock<S>& kv, const Mask
   return work;
 }
 
-// delta_i = sum_d dO_id O_id, one FMA chain over d in the order of the dP products: for a row
-// whose softmax is one-hot (O is its V row exactly), dP - delta is then exactly 0, as in the
-// dense reference.
+// delta_i = sum_d dO_id O_id, one FMA chain over d in the order of the f32 kernels' dP products:
+// for a row whose softmax is one-hot (O is its V row exactly), dP - delta is then exactly 0, as in
+// the dense reference (delta_on_bf16_products does the same for dP on bf16 products).
 //
 // A row of dO holding an infinity has delta NaN. The dense form's delta, sum_j P_ij dP_ij, is then
-// a sum of infinities (NaN when their signs differ), and dP_ij - delta is NaN for every visible j
-// either way; dO_i . O_i would be one signed infinity instead, and dP_ij - delta would be +-inf
-// for some j, which dK would carry as +-inf where PyTorch has NaN.
+// a sum of infinities (NaN when their signs differ, else one of them), and dP_ij - delta is NaN for
+// every visible j either way; dO_i . O_i would be one signed infinity instead, and dP_ij - delta
+// would be +-inf for some j, which dK would carry as +-inf where PyTorch has NaN.
 template <class S, class A>
 void delta_impl(const Packing& pk, const S* dout, const A* o, A* delta) {
   const hn::CappedTag<A, 1> d1;
@@ -635,37 +636,47 @@ Work block_backward(const GradQueryShard<S>& g, const KVBlock<S>& kv, const Mask
 namespace {
 
 // delta for bf16 storage where the backward's dP = dO V^T runs on bf16 products (AMX tiles or a
-// dot-product instruction): delta_i = dO_i . hi(O_i) on the same engine, plus the f32 chain of
-// dO_i . (O_i - hi(O_i)), where hi rounds to bf16 (the remainder is exact in f32). Each element of
-// the engine's product is one chain in a fixed order whatever its row and column, so a row whose
-// softmax is one-hot (O_i is a V row, already bf16) has delta_i equal to its dP_ij bit for bit and
-// dS = 0 exactly, as on the f32 kernels. Rows whose delta is not finite keep it (see delta_impl).
+// dot-product instruction). A row whose O is exactly bf16 (a one-hot softmax makes O a V row) takes
+// delta_i = dO_i . O_i on that engine, each element of whose products is one chain in a fixed order
+// whatever its row and column: delta_i then equals the row's dP_ij bit for bit and dS = 0 exactly,
+// as on the f32 kernels. Other rows, and a delta that is not finite, keep delta_impl's. (A head
+// group whose block holds a NaN or an infinity computes its dP on the f32 kernels instead, which
+// this cannot know: there a one-hot row's dS is a rounding error of dP, not 0.)
 void delta_on_bf16_products(const Packing& pk, const bf16* dout, const float* o, float* delta) {
   const bool dot = bf16dot::enabled();
   if (!dot && !amx::enabled()) return;
   constexpr Index T = amx::kTileRows;
   const Index D = pk.D, Dp = amx::padded_depth(D), rows = pk.row_elems(), ldk = amx::packed_keys(T);
-  std::vector<std::uint16_t> hi(T * D), a(2 * T * Dp), b(Dp * ldk);
+  const auto* dbits = reinterpret_cast<const std::uint16_t*>(dout);
+  std::vector<Index> batch;  // up to T rows whose O is bf16
+  std::vector<std::uint16_t> x(T * D), hi(T * D), a(2 * T * Dp), b(Dp * ldk);
   std::vector<float> s(T * T);
   std::optional<amx::TileScope> scope;
-  if (!dot) scope.emplace();
-  auto* product = dot ? &bf16dot::scores : &amx::scores;
-  const auto* bits = reinterpret_cast<const std::uint16_t*>(dout);
-  for (Index i0 = 0; i0 < rows; i0 += T) {
-    const Index n = std::min(T, rows - i0);
-    for (Index e = 0; e < n * D; ++e) hi[e] = to_bf16(o[i0 * D + e]).bits;
-    amx::pack_rows(bits + i0 * D, n, D, a.data());
+  auto flush = [&] {
+    const Index n = static_cast<Index>(batch.size());
+    if (n == 0) return;
+    if (!dot && !scope) scope.emplace();
+    for (Index i = 0; i < n; ++i)
+      for (Index d = 0; d < D; ++d) {
+        x[i * D + d] = dbits[batch[i] * D + d];
+        hi[i * D + d] = static_cast<std::uint16_t>(std::bit_cast<std::uint32_t>(o[batch[i] * D + d]) >> 16);
+      }
+    amx::pack_rows(x.data(), n, D, a.data());
     amx::pack_pairs(hi.data(), n, D, ldk, b.data());
-    product(amx::Epilogue::store, a.data(), n, b.data(), ldk, n, Dp, s.data(), T, 1.0f, nullptr, nullptr, nullptr);
-    for (Index i = 0; i < n; ++i) {
-      const Index r = i0 + i;
-      if (!std::isfinite(delta[r])) continue;
-      float rest = 0;
-      for (Index d = 0; d < D; ++d)
-        rest = std::fma(to_float(dout[r * D + d]), o[r * D + d] - to_float(bf16{hi[i * D + d]}), rest);
-      delta[r] = s[i * T + i] + rest;
-    }
+    (dot ? &bf16dot::scores : &amx::scores)(amx::Epilogue::store, a.data(), n, b.data(), ldk, n, Dp, s.data(), T, 1.0f,
+                                            nullptr, nullptr, nullptr);
+    for (Index i = 0; i < n; ++i) delta[batch[i]] = s[i * T + i];
+    batch.clear();
+  };
+  for (Index r = 0; r < rows; ++r) {
+    if (!std::isfinite(delta[r])) continue;
+    std::uint32_t low = 0;  // the bits below bf16's: zero for every d when O's row is bf16
+    for (Index d = 0; d < D; ++d) low |= std::bit_cast<std::uint32_t>(o[r * D + d]) & 0xFFFFu;
+    if (low != 0) continue;
+    batch.push_back(r);
+    if (static_cast<Index>(batch.size()) == T) flush();
   }
+  flush();
 }
 
 }  // namespace

@@ -272,6 +272,8 @@ CASES = [
     Case("out_under_proc", SMALL + ["--out", "/proc/ringattn-robust-test"], ["--out"], out=False),
     Case("report_under_a_file", SMALL + ["--report", "{d}/afile/r.json"], ["--report", "afile is not a directory"],
          a_file),
+    Case("report_deep_under_a_file", SMALL + ["--report", "{d}/afile/x/r.json"],
+         ["--report", "afile is not a directory"], a_file),
     Case("report_in_proc", SMALL + ["--report", "/proc/ringattn-robust-test.json"], ["--report"]),
     Case("trace_in_proc", SMALL + ["--trace", "/proc/ringattn-robust-test.jsonl"], ["--trace"]),
     # values that make no sense, found before anything runs

@@ -187,7 +187,9 @@ struct GradQueryShard {
   A* dq = nullptr;           // query-like, accumulated
 };
 
-// D_i = sum_d dO_id O_id for every row.
+// D_i = sum_d dO_id O_id for every row, one chain in the order of the kernels' dP = dO V^T; NaN
+// for a row of dO holding an infinity (its dS row is NaN, as in the dense form). For bf16 storage
+// whose dP runs on bf16 products, a row whose O is exactly bf16 takes D_i from those products.
 template <class S>
 void compute_delta(const Packing& pk, const S* dout, const accum_t<S>* o, accum_t<S>* delta);
 

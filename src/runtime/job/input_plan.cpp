@@ -108,9 +108,10 @@ void check_finite(const std::vector<T>& x, const TensorSpec& spec, const core::L
       flat /= spec.shape[d];
     }
     if (std::isfinite(given))
-      throw InputError(fmt::format("{}: value {} at index {} is out of {}'s range (it becomes {}; expected |x| <= "
-                                   "{})", file, given, shape_str(idx), core::dtype_name(core::dtype_of<T>()),
-                                   core::value_cast<double>(x[n]), largest_finite<T>()));
+      throw InputError(fmt::format("{}: value {} at index {} is out of {}'s range (it becomes {}; expected values "
+                                   "that round to at most {} in magnitude)", file, given, shape_str(idx),
+                                   core::dtype_name(core::dtype_of<T>()), core::value_cast<double>(x[n]),
+                                   largest_finite<T>()));
     throw InputError(fmt::format("{}: non-finite value {} at index {} (expected finite inputs)", file, given,
                                  shape_str(idx)));
   }

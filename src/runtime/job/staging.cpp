@@ -80,7 +80,15 @@ TextTarget resolve_text_target(const std::string& given, const char* opt) {
   const std::string dir = p.parent_path().empty() ? "." : p.parent_path().string();
   std::error_code ec;
   if (!fs::is_directory(dir, ec)) {
-    const bool exists = fs::exists(dir, ec);  // e.g. a regular file where the directory should be
+    // Name the culprit: the nearest ancestor that exists, when it is not a directory (a regular
+    // file where a directory should be), else the directory that is missing.
+    for (fs::path a = fs::path(dir).parent_path(); !a.empty() && a != a.parent_path(); a = a.parent_path())
+      if (fs::exists(a, ec)) {
+        if (!fs::is_directory(a, ec))
+          throw InputError(fmt::format("{}: {} is not a directory (expected a writable directory)", what, a.string()));
+        break;
+      }
+    const bool exists = fs::exists(dir, ec);
     throw InputError(fmt::format("{}: {} (expected a writable directory)", what,
                                  exists ? dir + " is not a directory" : "directory " + dir + " does not exist"));
   }

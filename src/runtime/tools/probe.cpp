@@ -317,8 +317,8 @@ Probe run_probe(const comm::Comm& comm, const ProbeConfig& c) {
     if (c.ulysses_degree && *c.ulysses_degree < 1)
       throw InputError(fmt::format("--ulysses-degree: {} is not >= 1 (expected a group size U >= 1)", *c.ulysses_degree));
     if (c.ulysses_degree && !usp) throw InputError("--ulysses-degree: only applies when --strategies names usp");
-    // A U the user chose is an option like run's: one that does not fit these ranks and heads is
-    // refused here, not listed as "not run" after everything else was measured.
+    // A U the user chose is an option, as run's is: one that does not fit these ranks and heads is
+    // refused before anything is measured.
     if (c.ulysses_degree) plan_for(c, s, comm.size(), "usp", *c.ulysses_degree);
   });
   return core::with_storage(plan.dtype, [&]<class T>() { return probe_typed<T>(comm, c, plan); });
