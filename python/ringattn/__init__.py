@@ -317,7 +317,10 @@ def _differentiable_once(backward):
     incoming gradients (torch.autograd.grad(o.sum(), q, create_graph=True)) it returns gradients
     without a graph, and a gradient penalty built on them silently loses its second-order term.
     Here every gradient computed while grad mode is on (create_graph=True) carries a node that
-    raises when reached."""
+    raises when reached. That node also takes the call's inputs and incoming gradients that
+    require grad, so a second differentiation reaches it whichever tensors it asks for
+    (torch.autograd.grad(penalty, w) or penalty.backward(inputs=[w]) for the weights w that made
+    q, k and v), not only one that walks the whole graph."""
 
     @functools.wraps(backward)
     def wrapper(ctx, *grads):
@@ -325,9 +328,10 @@ def _differentiable_once(backward):
             outputs = backward(ctx, *grads)
         if not torch.is_grad_enabled():
             return outputs
+        upstream = [t for t in (*ctx.saved_tensors, *grads) if t is not None and t.requires_grad]
         err = torch._C._functions.DelayedError(
             b"ringattn.attention is differentiable once: its gradients cannot be differentiated again "
-            b"(no double backward)", len(outputs))
+            b"(no double backward)", len(outputs) + len(upstream))
 
         def marked(t):
             if t is None:
@@ -336,7 +340,7 @@ def _differentiable_once(backward):
             t.requires_grad_(True)
             return t
 
-        return err(*[marked(t) for t in outputs])
+        return err(*[marked(t) for t in outputs], *upstream)[:len(outputs)]
 
     return wrapper
 

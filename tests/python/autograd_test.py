@@ -89,6 +89,22 @@ def double_backward_raises():
         except RuntimeError as e:
             if "differentiable once" not in str(e):
                 ok, detail = False, f"{name}: " + str(e).splitlines()[0]
+    # A penalty on the gradient of a weight w that makes q, k, v, differentiated for w alone: the
+    # engine then walks only the nodes that lead to w, and must still reach the raising one.
+    g = torch.Generator().manual_seed(3)
+    w = torch.randn(4, 4, generator=g, dtype=torch.float64, requires_grad=True)
+    pos = torch.from_numpy(ringattn.positions(S, N, RANK, "contiguous"))
+    x = torch.randn(1, S, 2, 4, generator=g, dtype=torch.float64)[:, pos]
+    for name, second in (("penalty.backward(inputs=[w])", lambda p: p.backward(inputs=[w])),
+                         ("torch.autograd.grad(penalty, w)", lambda p: torch.autograd.grad(p, w))):
+        o = ringattn.attention(x @ w, x @ w, x @ w, seq_len=S, layout="contiguous", timeout=TIMEOUT)
+        gw, = torch.autograd.grad(o.sum(), w, create_graph=True)
+        try:
+            second(gw.pow(2).sum())
+            ok, detail = False, f"{name}: ran without the second-order term"
+        except RuntimeError as e:
+            if "differentiable once" not in str(e):
+                ok, detail = False, f"{name}: " + str(e).splitlines()[0]
     return agreed("double backward raises", ok, detail)
 
 
