@@ -34,6 +34,17 @@ def _checked_keywords(where, options):
     return options
 
 
+def _positions_under(options):
+    """This rank's positions under a call's options, or None where they are not valid (the call
+    then refuses them on every rank)."""
+    try:
+        comm = options.get("comm") or MPI.COMM_WORLD
+        return positions(options["seq_len"], comm.size, comm.rank, options.get("layout", "auto"),
+                         options.get("partition"), causal=options.get("causal", False), window=options.get("window"))
+    except Exception:  # noqa: BLE001 - attention() reports what is wrong, on every rank
+        return None
+
+
 def _call_comm(module, overrides):
     """The communicator of a forward call: the one it overrides the module's with, or the module's."""
     return overrides.get("comm", module.options.get("comm"))
@@ -47,9 +58,10 @@ class DistributedAttention(torch.nn.Module):
       window, doc_lens, layout, partition, scale, rope, strategy, ulysses_degree, comm, timeout,
       out_dtype, precision, ...), with its defaults; an unknown one raises InputError here.
     sinks: given as a tensor [H] of initial sink logits, the module learns them: self.sinks is an
-      nn.Parameter initialised from a copy, passed to every call. Its gradient is already the
-      whole one on every rank (ringattn sums it over all ranks' rows), so a training loop that
-      sums its weight gradients over the ranks of `comm` leaves self.sinks out of that sum.
+      nn.Parameter initialised from a copy (an nn.Parameter given is used as it is), passed to
+      every call. Its gradient is already the whole one on every rank (ringattn sums it over all
+      ranks' rows), so a training loop that sums its weight gradients over the ranks of `comm`
+      leaves self.sinks out of that sum.
     """
 
     def __init__(self, seq_len, **options):
@@ -87,6 +99,18 @@ class DistributedAttention(torch.nn.Module):
             options.update(_checked_keywords("DistributedAttention.forward", overrides))
         except InputError as e:
             _Prepared.refused(_call_comm(self, overrides), str(e)).call()  # raises on every rank
+        # An override that moves this rank's positions (a mask that makes layout "auto" another
+        # layout, another partition) would attend over shards positions() did not give.
+        moved = [n for n in ("seq_len", "layout", "partition", "causal", "window", "comm") if n in overrides]
+        if moved:
+            mine, call = _positions_under(self.options), _positions_under(options)
+            if mine is not None and call is not None and not (len(mine) == len(call) and (mine == call).all()):
+                given = ", ".join(f"{n}={overrides[n]!r}" for n in moved if n != "comm")
+                _Prepared.refused(_call_comm(self, overrides),
+                                  f"DistributedAttention.forward: {given or 'comm'} gives rank {self.comm.rank} other "
+                                  f"positions than the module's positions() (expected overrides that keep each "
+                                  f"rank's positions: give the module an explicit layout=, or call "
+                                  f"ringattn.attention)").call()
         return attention(q, k, v, **options)
 
     def __deepcopy__(self, memo):

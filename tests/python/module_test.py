@@ -189,6 +189,11 @@ def main():
                    *(torch.zeros(1, 1, 1, 1, dtype=torch.bfloat16),) * 3),
                "precision: torch.float16 is not a precision"),
     ]
+    if N > 1:  # window= makes layout "auto" contiguous where the causal module's is zigzag
+        m = DistributedAttention(16, causal=True)
+        L = len(m.positions())
+        results.append(raises("window= that moves the positions", lambda: m(*(torch.zeros(1, L, 1, 1),) * 3, window=3),
+                              "window=3 gives rank"))
     ok = all(results)
     if RANK == 0:
         print("all cases passed" if ok else "failures", flush=True)
