@@ -490,8 +490,12 @@ class KVCache:
         def arguments():
             if comm_error:
                 raise InputError(comm_error)
-            if not isinstance(dtype, torch.dtype) or dtype not in _TORCH_NAME:
-                raise InputError(f"dtype: {dtype} is not supported (expected float32, float64, bfloat16 or float16)")
+            if not isinstance(dtype, torch.dtype):
+                raise InputError(f"dtype: {dtype!r} is a {type(dtype).__name__} (expected a torch.dtype: "
+                                 f"torch.float32, torch.float64, torch.bfloat16 or torch.float16)")
+            if dtype not in _TORCH_NAME:
+                raise InputError(f"dtype: {dtype} is not supported (expected torch.float32, torch.float64, "
+                                 f"torch.bfloat16 or torch.float16)")
             shape = (_int("batch", batch), _int("heads", heads), _int("kv_heads", kv_heads),
                      _int("head_dim", head_dim))
             return shape, _out_dtype(out_dtype, dtype), (
@@ -516,10 +520,14 @@ class KVCache:
 
     def _checked(self, name, t, heads, length):
         B, _, _, D = self._shape
+        rank = self._comm.rank
         if not isinstance(t, torch.Tensor) or t.dtype != self._dtype or t.device.type != "cpu":
-            raise InputError(f"{name}: expected a CPU tensor of the cache's dtype {self._dtype}")
+            got = (f"a {type(t).__name__}" if not isinstance(t, torch.Tensor)
+                   else f"a {str(t.dtype).replace('torch.', '')} tensor on {t.device}")
+            raise InputError(f"{name}: rank {rank} gave {got} (expected a CPU tensor of the cache's dtype "
+                             f"{self._dtype})")
         if t.dim() != 4 or t.shape[0] != B or t.shape[1] != length or t.shape[2] != heads or t.shape[3] != D:
-            raise InputError(f"{name}: shape {list(t.shape)} (expected [{B}, {length}, {heads}, {D}])")
+            raise InputError(f"{name}: rank {rank} gave shape {list(t.shape)} (expected [{B}, {length}, {heads}, {D}])")
         return t.detach().contiguous()
 
     def _tensors(self, q, k, v, length):

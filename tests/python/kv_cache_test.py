@@ -198,7 +198,10 @@ def main():
              raises("another dtype", lambda: cache.decode(t(1, 2, torch.float32), t(1, 1, torch.float32),
                                                           t(1, 1, torch.float32)), "dtype"),
              raises("another dtype on one rank", lambda: cache.decode(
-                 t(1, 2, torch.float32 if RANK == N - 1 else torch.float64), t(1, 1), t(1, 1)), "dtype"),
+                 t(1, 2, torch.float32 if RANK == N - 1 else torch.float64), t(1, 1), t(1, 1)),
+                 f"q: rank {N - 1} gave a float32 tensor on cpu"),
+             raises("a dtype given as a string", lambda: ringattn.KVCache(1, 2, 1, 8, dtype="float32"),
+                    "dtype: 'float32' is a str (expected a torch.dtype"),
              raises("a prompt shard of the wrong length on one rank", lambda: ringattn.KVCache(
                  1, 2, 1, 8, dtype=torch.float64).prefill(*(t(len(pos) + (RANK == N - 1), h) for h in (2, 1, 1)),
                                                           prompt_len=10), "expected [1, "),
