@@ -36,6 +36,13 @@ using ringattn::InputError;
 
 namespace {
 
+// An optional option in a plan's reuse key: its value, or "-" when not given (0 given is not
+// "none": the plan refuses it, and a reused plan must not accept it).
+template <class T>
+std::string given(const std::optional<T>& x) {
+  return x ? std::to_string(*x) : std::string("-");
+}
+
 std::string shape_text(const std::vector<Index>& s) {
   std::string t = "[";
   for (std::size_t i = 0; i < s.size(); ++i) t += (i ? ", " : "") + std::to_string(s[i]);
@@ -306,9 +313,9 @@ class Call {
         "N={} S={} B={} H={} HKV={} D={} {} causal={} window={} docs={} cu={} {} part={} scale={} rope={} {} U={} G={} "
         "timeout={} softcap={} sinks={} precision={}",
         size, seq_len, shaped ? q_[0] : -1, shaped ? q_[2] : -1, shaped ? k_[2] : -1, shaped ? q_[3] : -1,
-        fmt::join(dtypes, ","), causal, window.value_or(0), fmt::join(o.doc_lens, ","), fmt::join(o.cu_seqlens, ","),
+        fmt::join(dtypes, ","), causal, given(window), fmt::join(o.doc_lens, ","), fmt::join(o.cu_seqlens, ","),
         o.layout, fmt::join(o.partition, ","), scale ? fmt::format("{:a}", *scale) : "-",
-        rope ? fmt::format("{:a}", *rope) : "-", o.strategy, ulysses_degree.value_or(0), kv_head_group.value_or(0),
+        rope ? fmt::format("{:a}", *rope) : "-", o.strategy, given(ulysses_degree), given(kv_head_group),
         timeout ? fmt::format("{:a}", *timeout) : "default", softcap ? fmt::format("{:a}", *softcap) : "-",
         sinks.size(), o.precision);  // a plan with sinks is reused with the call's values (set_sinks)
     // The communicator's handle differs between processes: it is this rank's own part of the key.
@@ -431,6 +438,7 @@ py::array_t<std::int64_t> positions(Index seq_len, int ranks, int rank, const st
                                     const std::vector<Index>& partition, bool causal, std::optional<Index> window) {
   if (ranks < 1) throw InputError(fmt::format("ranks: {} is not >= 1", ranks));
   if (rank < 0 || rank >= ranks) throw InputError(fmt::format("rank: {} is outside 0..{}", rank, ranks - 1));
+  ringattn::runtime::check_window(window, ringattn::runtime::python_names());
   const auto l = ringattn::runtime::make_layout(layout, seq_len, ranks, partition, causal, window.value_or(0),
                                                 ringattn::runtime::python_names());
   const auto p = l.positions(rank);

@@ -128,6 +128,9 @@ core::LayoutKind resolve_layout(const std::string& name, bool causal, Index wind
 core::Layout make_layout(const std::string& name, Index S, int N, const std::vector<Index>& partition, bool causal,
                          Index window, const OptionNames& names);
 
+// A window, when given, of at least one position; OptionError otherwise.
+void check_window(std::optional<Index> window, const OptionNames& names);
+
 // Every size >= 1 and H % HKV == 0; OptionError otherwise.
 void check_shape(const core::Shape& s, const OptionNames& names);
 

@@ -81,8 +81,7 @@ std::vector<Index> checked_documents(const PlanOptions& o, const OptionNames& n)
 }
 
 void check_mask(const PlanOptions& o, const OptionNames& n) {
-  if (o.window && *o.window < 1)
-    fail(n, Option::window, fmt::format("@window: {} is not a window (expected W >= 1, or none)", *o.window));
+  check_window(o.window, n);
   if (o.doc_lens.empty()) return;
   Index sum = 0;
   for (Index x : o.doc_lens) {
@@ -388,6 +387,11 @@ StrategyKind parse_strategy(const std::string& name, const OptionNames& n) {
 double check_tolerance(DType t, core::Precision p) {
   if (p == core::Precision::bf16) return 1e-2;
   return t == DType::f64 ? 1e-10 : 3e-4;
+}
+
+void check_window(std::optional<Index> window, const OptionNames& n) {
+  if (window && *window < 1)
+    fail(n, Option::window, fmt::format("@window: {} is not a window (expected W >= 1, or none)", *window));
 }
 
 core::LayoutKind resolve_layout(const std::string& name, bool causal, Index window, bool partitioned,
