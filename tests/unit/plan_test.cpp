@@ -92,7 +92,14 @@ TEST(Plan, EveryRuleNamesItsOption) {
   expect_refused(o, 2, Option::doc_lens, "--doc-lens: lengths sum to 8 but S is 16");
   o = small();
   o.scale = 1e300;
-  expect_refused(o, 2, Option::scale, "--scale: 1e+300 overflows f32's float32 arithmetic");
+  expect_refused(o, 2, Option::scale, "--scale: 1e+300 overflows f32's float32 arithmetic in base 2");
+  o.scale = 2.4e38;  // finite in float32, but not times log2 e: q = 0 would give 0 inf = NaN scores
+  expect_refused(o, 2, Option::scale, "--scale: 2.4e+38 overflows f32's float32 arithmetic in base 2");
+  o.scale = 2.3e38;
+  EXPECT_NO_THROW(make_attention_plan(o, 2, cli_names()));
+  o.dtype = "f64";
+  o.scale = 1.5e308;
+  expect_refused(o, 2, Option::scale, "--scale: 1.5e+308 overflows f64's float64 arithmetic in base 2");
   o = small();
   o.rope_theta = 10000;
   o.dtype = "bf16";
@@ -241,6 +248,8 @@ TEST(Plan, SinksOnePerQueryHeadAndLogits) {
   expect_refused(o, 1, Option::sinks, "--sinks: 1e+300 for head 3 overflows f32");
   o.dtype = "f64";
   EXPECT_NO_THROW(make_attention_plan(o, 1, cli_names()));
+  o.sinks = {0.0, 0.0, 0.0, 1.5e308};
+  expect_refused(o, 1, Option::sinks, "--sinks: 1.5e+308 for head 3 overflows f64's float64 arithmetic");
 }
 
 TEST(Plan, SoftcapZeroIsNoneAndANegativeOrVanishingOneIsRefused) {
@@ -255,6 +264,10 @@ TEST(Plan, SoftcapZeroIsNoneAndANegativeOrVanishingOneIsRefused) {
   expect_refused(o, 1, Option::softcap, "--softcap: 1e-46 is below the least cap f32's arithmetic takes");
   o.softcap = 1e-30;
   EXPECT_EQ(make_attention_plan(o, 1, cli_names()).softcap, 1e-30);
+  o.softcap = 2.4e38;  // finite in float32, but not times log2 e: the capped scores were NaN
+  expect_refused(o, 1, Option::softcap, "--softcap: 2.4e+38 overflows f32's float32 arithmetic in base 2");
+  o.softcap = 2.3e38;
+  EXPECT_EQ(make_attention_plan(o, 1, cli_names()).softcap, 2.3e38);
   o.dtype = "f64";
   o.softcap = 1e-100;
   EXPECT_EQ(make_attention_plan(o, 1, cli_names()).softcap, 1e-100);

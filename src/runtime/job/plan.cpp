@@ -93,13 +93,23 @@ void check_mask(const PlanOptions& o, const OptionNames& n) {
                                           o.shape.S));
 }
 
+// The largest magnitude x whose x log2 e is finite in the arithmetic of `dtype` (float32 unless the
+// storage is f64): the kernels work in base 2, with the scale, a cap and a sink times log2 e.
+double most_in_log2(DType dtype) {
+  constexpr double kLog2e = 1.4426950408889634;
+  return (dtype == DType::f64 ? std::numeric_limits<double>::max() : double(std::numeric_limits<float>::max())) /
+         kLog2e;
+}
+
+const char* arithmetic(DType dtype) { return dtype == DType::f64 ? "float64" : "float32"; }
+
 double checked_scale(const PlanOptions& o, DType dtype, const OptionNames& n) {
   const double scale = o.scale ? *o.scale : 1.0 / std::sqrt(double(o.shape.D));
   if (!std::isfinite(scale)) fail(n, Option::scale, fmt::format("@scale: {} is not a finite number (expected a finite scale)", scale));
-  // The scores are computed in the accumulation type: the scale must be a finite number there too.
-  if (dtype != DType::f64 && !std::isfinite(static_cast<float>(scale)))
-    fail(n, Option::scale, fmt::format("@scale: {:g} overflows {}'s float32 arithmetic (expected |scale| <= {:g})",
-                                       scale, core::dtype_name(dtype), double(std::numeric_limits<float>::max())));
+  // The scores are computed in the accumulation type, in base 2: scale log2 e must be finite there.
+  if (!(std::abs(scale) <= most_in_log2(dtype)))
+    fail(n, Option::scale, fmt::format("@scale: {:g} overflows {}'s {} arithmetic in base 2 (expected |scale| <= "
+                                       "{:g})", scale, core::dtype_name(dtype), arithmetic(dtype), most_in_log2(dtype)));
   return scale;
 }
 
@@ -125,9 +135,9 @@ double checked_softcap(const PlanOptions& o, DType dtype, const OptionNames& n) 
   const double c = *o.softcap;
   if (!(std::isfinite(c) && c >= 0))
     fail(n, Option::softcap, fmt::format("@softcap: {} is not a cap (expected c > 0, or 0 for none)", c));
-  if (dtype != DType::f64 && !std::isfinite(static_cast<float>(c)))
-    fail(n, Option::softcap, fmt::format("@softcap: {:g} overflows {}'s float32 arithmetic (expected c <= {:g})", c,
-                                         core::dtype_name(dtype), double(std::numeric_limits<float>::max())));
+  if (!(c <= most_in_log2(dtype)))
+    fail(n, Option::softcap, fmt::format("@softcap: {:g} overflows {}'s {} arithmetic in base 2 (expected c <= {:g})",
+                                         c, core::dtype_name(dtype), arithmetic(dtype), most_in_log2(dtype)));
   // The kernels scale by c and by 1 / c: a cap that their arithmetic rounds to 0 (or whose inverse
   // overflows) would cap nothing, silently.
   const double least = dtype == DType::f64 ? 1e-300 : 1e-30;
@@ -353,12 +363,11 @@ void check_sinks(std::span<const double> sinks, Index H, DType dtype, const Opti
     if (std::isnan(x) || x == std::numeric_limits<double>::infinity())
       fail(n, Option::sinks, fmt::format("@sinks: {} for head {} is not a logit (expected a finite number, or -inf "
                                          "for no sink)", x, h));
-    // the kernels merge a sink in log2 units (x log2 e), in float32 unless the storage is f64
-    constexpr double kLog2e = 1.4426950408889634;
-    const double most = double(std::numeric_limits<float>::max()) / kLog2e;
-    if (dtype != DType::f64 && std::isfinite(x) && !(std::abs(x) <= most))
-      fail(n, Option::sinks, fmt::format("@sinks: {:g} for head {} overflows {}'s float32 arithmetic (expected "
-                                         "|sink| <= {:g})", x, h, core::dtype_name(dtype), most));
+    // the kernels merge a sink in log2 units (x log2 e)
+    if (std::isfinite(x) && !(std::abs(x) <= most_in_log2(dtype)))
+      fail(n, Option::sinks, fmt::format("@sinks: {:g} for head {} overflows {}'s {} arithmetic in base 2 (expected "
+                                         "|sink| <= {:g})", x, h, core::dtype_name(dtype), arithmetic(dtype),
+                                         most_in_log2(dtype)));
   }
 }
 
