@@ -124,6 +124,7 @@ Command add_probe_command(CLI::App& parent) {
   cmd.cli = probe;
   cmd.run = [cfg](comm::Comm* comm) {
     const ProbeConfig& c = *cfg;
+    comm->set_timeout(300);  // until the plan gives the probe's watchdog
     const Probe p = runtime::run_probe(*comm, c);
     if (comm->rank() == 0) {
       if (c.json) fmt::print("{}\n", runtime::probe_json(c, p).dump(2));

@@ -67,8 +67,9 @@ struct Probe {  // everything measured and derived, as rank 0 reports it
   int plan_recommended_degree = 1;
 };
 
-// Collective. Validates the options (InputError, the same on every rank) and measures.
-Probe run_probe(const comm::Comm& comm, const ProbeConfig& c);
+// Collective. Validates the options (InputError, the same on every rank), checks that every rank
+// was given the same ones, sets the watchdog of a run of this shape on `comm`, and measures.
+Probe run_probe(comm::Comm& comm, const ProbeConfig& c);
 
 io::Json probe_json(const ProbeConfig& c, const Probe& p);
 

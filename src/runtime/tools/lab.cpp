@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <filesystem>
 #include <limits>
@@ -223,12 +224,25 @@ io::Json config_json(const LabConfig& c, const LabResult& res, int N) {
   return j;
 }
 
+// A digest of the example's values (FNV-1a over their bytes): ranks that read different files of
+// the same shape do not agree on it.
+std::string values_digest(const LabInputs& in) {
+  std::uint64_t h = 1469598103934665603ull;
+  for (const std::vector<double>* t : {&in.q, &in.k, &in.v, &in.dout}) {
+    const auto* b = reinterpret_cast<const unsigned char*>(t->data());
+    for (std::size_t i = 0; i < t->size() * sizeof(double); ++i) h = (h ^ b[i]) * 1099511628211ull;
+  }
+  return fmt::format("{:016x}", h);
+}
+
 }  // namespace
 
 
 LabResult run_lab(const comm::Comm& comm, const LabConfig& cfg) {
   const int N = comm.size(), rank = comm.rank();
   LabResult res;
+  PlanOptions opts;
+  AttentionPlan plan;
   agreed(comm, [&] {
     if (cfg.layer && !cfg.inputs.empty())
       throw InputError("--inputs: not with --layer (the lab's layer uses its fixed X, weights and dY)");
@@ -244,21 +258,28 @@ LabResult run_lab(const comm::Comm& comm, const LabConfig& cfg) {
                                    "(expected mpirun -np 2, or --partition with one size per rank)", join(part), N));
     // The example's plan, by the rules every job follows: f64, contiguous shards, the full
     // protocol unless --skip-empty.
-    PlanOptions o;
-    o.shape = s;
-    o.dtype = "f64";
-    o.causal = cfg.causal;
-    o.layout = "contiguous";
-    o.partition = part;
-    o.traffic = cfg.skip_empty ? "skip-empty" : "full";
-    o.tiling = kTiling;
-    o.timeout_s = kTimeout;
-    const AttentionPlan plan = make_attention_plan(o, N, cli_names());
+    opts.shape = s;
+    opts.dtype = "f64";
+    opts.causal = cfg.causal;
+    opts.layout = "contiguous";
+    opts.partition = part;
+    opts.traffic = cfg.skip_empty ? "skip-empty" : "full";
+    opts.tiling = kTiling;
+    opts.timeout_s = kTimeout;
+    plan = make_attention_plan(opts, N, cli_names());
     res.layout = plan.layout;
     res.mask = plan.mask;
     res.scale = plan.scale;
     res.traffic = plan.traffic;
   });
+  // Every rank runs the same example: the ranks agree on it before the ring's first message.
+  std::vector<PlanField> fields = plan_fields(plan, opts, cli_names());
+  fields.push_back({"--layer", cfg.layer ? "on" : "off"});
+  fields.push_back({"--inputs", cfg.inputs});
+  fields.push_back({"--report", cfg.report});
+  fields.push_back({"the test hooks", std::to_string(cfg.drop_grad_step)});
+  fields.push_back({"the inputs' values (a digest)", values_digest(res.in)});
+  agree_on_plan(comm, fields);
   const Shape& s = res.in.shape;
   res.tolerance = cfg.inputs.empty() ? kExampleTolerance : check_tolerance(core::DType::f64);
 

@@ -102,9 +102,9 @@ const OptionNames& probe_names() {
   return names;
 }
 
-// The plan of `strategy` (with Ulysses degree U, 0: none) for the probe's options, as `run` makes
-// it; OptionError when the strategy's rules forbid it.
-AttentionPlan plan_for(const ProbeConfig& c, const core::Shape& s, int N, const std::string& strategy, int U) {
+// The options of `strategy` (with Ulysses degree U, 0: none) for the probe's options, as `run`
+// takes them.
+PlanOptions options_for(const ProbeConfig& c, const core::Shape& s, const std::string& strategy, int U) {
   PlanOptions o;
   o.shape = s;
   o.dtype = c.dtype;
@@ -113,7 +113,12 @@ AttentionPlan plan_for(const ProbeConfig& c, const core::Shape& s, int N, const 
   o.layout = c.layout;
   o.strategy = strategy;
   if (U > 0) o.ulysses_degree = U;
-  return make_attention_plan(o, N, probe_names());
+  return o;
+}
+
+// Their plan, as `run` makes it; OptionError when the strategy's rules forbid it.
+AttentionPlan plan_for(const ProbeConfig& c, const core::Shape& s, int N, const std::string& strategy, int U) {
+  return make_attention_plan(options_for(c, s, strategy, U), N, probe_names());
 }
 
 // Step 3's measurement: the real ring forward for this shape, a few times.
@@ -301,9 +306,10 @@ Probe probe_typed(const comm::Comm& comm, const ProbeConfig& c, const AttentionP
 
 }  // namespace
 
-Probe run_probe(const comm::Comm& comm, const ProbeConfig& c) {
+Probe run_probe(comm::Comm& comm, const ProbeConfig& c) {
   // Every rank validates its options; the ranks agree on the verdict before any message.
   AttentionPlan plan;
+  core::Shape shape;
   agreed(comm, [&] {
     if (c.bw.iters < 1) throw InputError(fmt::format("--iters: {} is not >= 1 (expected a number of repetitions >= 1)", c.bw.iters));
     if (!(c.budget_s > 0))
@@ -312,6 +318,7 @@ Probe run_probe(const comm::Comm& comm, const ProbeConfig& c) {
                   c.head_dim.value_or(kDefaultHeadDim)};
     s.HKV = c.kv_heads.value_or(s.H);
     plan = plan_for(c, s, comm.size(), "ring", 0);
+    shape = s;
     bool usp = false;
     for (const std::string& name : c.strategies) usp = usp || parse_strategy(name, probe_names()) == StrategyKind::usp;
     if (c.ulysses_degree && *c.ulysses_degree < 1)
@@ -321,6 +328,20 @@ Probe run_probe(const comm::Comm& comm, const ProbeConfig& c) {
     // refused before anything is measured.
     if (c.ulysses_degree) plan_for(c, s, comm.size(), "usp", *c.ulysses_degree);
   });
+  // Every rank measures the same thing: the ranks agree on every option before the first message
+  // whose size depends on them (ranks that differ would wait for each other's messages forever).
+  std::vector<PlanField> fields = plan_fields(plan, options_for(c, shape, "ring", 0), probe_names());
+  const std::vector<PlanField> own = {
+      {"--min-bytes", std::to_string(c.bw.min_bytes)},
+      {"--max-bytes", std::to_string(c.bw.max_bytes)},
+      {"--iters", std::to_string(c.bw.iters)},
+      {"--budget", fmt::format("{}", c.budget_s)},
+      {"--json", c.json ? "on" : "off"},
+      {"--strategies", fmt::format("{}", fmt::join(c.strategies, ","))},
+      {"--ulysses-degree", c.ulysses_degree ? std::to_string(*c.ulysses_degree) : "(every U)"}};
+  fields.insert(fields.end(), own.begin(), own.end());
+  agree_on_plan(comm, fields);
+  comm.set_timeout(plan.timeout_s);  // the watchdog of a run of this shape: no wait is longer than that
   return core::with_storage(plan.dtype, [&]<class T>() { return probe_typed<T>(comm, c, plan); });
 }
 
