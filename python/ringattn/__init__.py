@@ -184,10 +184,14 @@ def _sink_values(sinks):
         if sinks.dim() != 1 or not sinks.dtype.is_floating_point or sinks.device.type != "cpu":
             raise InputError(f"sinks: a {sinks.dim()}-d {sinks.dtype} tensor on {sinks.device} (expected a 1-d "
                              f"floating CPU tensor [H], one logit per query head)")
-        return sinks.detach().double().tolist()
-    if isinstance(sinks, (str, bytes)) or not hasattr(sinks, "__iter__"):
+        values = sinks.detach().double().tolist()
+    elif isinstance(sinks, (str, bytes)) or not hasattr(sinks, "__iter__"):
         raise InputError(f"sinks: {sinks!r} is not a tensor of sink logits (expected a 1-d tensor [H])")
-    return [_number("sinks", x) for x in sinks]
+    else:
+        values = [_number("sinks", x) for x in sinks]
+    if not values:  # [] is how the plan says "no sinks": an empty tensor given is not that
+        raise InputError("sinks: no values (expected one sink logit per query head, [H]; None for no sinks)")
+    return values
 
 
 class _Prepared:

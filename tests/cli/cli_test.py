@@ -296,6 +296,7 @@ def test_bad_input_exits_2():
             f.truncate(100)
         afile = f"{d}/afile"
         open(afile, "w").close()
+        np.save(f"{trunc}/sinks0.npy", np.zeros((0,), np.float32))  # in trunc/: d must end as it began
         cases = {
             "partition of wrong length": base + ["--partition", "8,8,0"],
             "partition of wrong sum": base + ["--partition", "8,9"],
@@ -318,6 +319,11 @@ def test_bad_input_exits_2():
             "list option given twice": base + ["--partition", "8,8", "--partition", "8,8"],
             "flag with a value that is not a truth": base + ["--no-backward=maybe"],
             "integer with two signs": base + ["--seed", "+-5"],
+            "sinks file of no values": base + ["--sinks", f"{trunc}/sinks0.npy"],
+            "softcap whose base-2 value overflows float32": base + ["--softcap", "2.4e38"],
+            "scale whose base-2 value overflows float32": base + ["--scale", "2.4e38"],
+            "doc lens summing past 2^63": base + ["--causal", "--doc-lens", f"{2**63 - 1},{2**63 - 1},18"],
+            "seq of 2^63 - 1": ["run", "--seq", 2**63 - 1, "--heads", 1, "--head-dim", 1, "--no-backward"],
         }
         # an empty path is an error, never "not given" (a shell variable that expanded to nothing)
         for opt in ("--inputs", "--out", "--report", "--trace", "--sinks"):

@@ -175,6 +175,7 @@ def refusals():
              ("cu_seqlens short of S", dict(cu_seqlens=[0, 10]), "cu_seqlens: ends at 10 but S is 16"),
              ("cu_seqlens and doc_lens", dict(cu_seqlens=[0, 16], doc_lens=[16]), "cu_seqlens: given with doc_lens"),
              ("sinks of the wrong length", dict(sinks=torch.zeros(3)), "sinks: 3 values for H = 4"),
+             ("sinks of no values", dict(sinks=torch.zeros(0)), "sinks: no values"),
              ("a NaN sink", dict(sinks=torch.tensor([0.0, float("nan"), 0.0, 0.0])), "sinks: nan for head 1"),
              ("negative softcap", dict(softcap=-1.0), "softcap: -1 is not a cap")]
     for what, kw, needle in cases:

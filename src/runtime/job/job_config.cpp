@@ -232,6 +232,7 @@ JobPlan make_plan(const JobConfig& c, int N) {
       throw OptionError(Option::sinks, fmt::format("--sinks {}: shape {} (expected [H] = [{}], one logit per query "
                                                    "head)", c.sinks_file, shape_str(h.shape), p.shape.H));
     o.sinks = io::read_npy<double>(c.sinks_file, h);
+    if (o.sinks.empty()) check_sinks(o.sinks, p.shape.H, p.dtype, cli_names());  // [0]: refused, not "no sinks"
   }
   PlanExtras extras;
   extras.memory = [&](MemoryPlan& m, Index Lmax) { job_memory(c, p, m, Lmax); };

@@ -41,6 +41,18 @@ std::string join(std::span<const Index> v) {
 }
 
 
+// "sum to X", or "sum past 2^63 - 1" where the sum of sizes >= 0 overflows (it must then not wrap
+// around to a sum that looks right).
+std::string sum_text(const std::vector<Index>& sizes, Index& sum) {
+  sum = 0;
+  for (Index x : sizes)
+    if (__builtin_add_overflow(sum, x, &sum)) {
+      sum = -1;
+      return fmt::format("sum past {}", std::numeric_limits<Index>::max());
+    }
+  return fmt::format("sum to {}", sum);
+}
+
 void check_partition(const std::vector<Index>& partition, core::LayoutKind kind, int N, Index S,
                      const OptionNames& n) {
   if (partition.empty()) return;
@@ -50,13 +62,11 @@ void check_partition(const std::vector<Index>& partition, core::LayoutKind kind,
   if (static_cast<int>(partition.size()) != N)
     fail(n, Option::partition, fmt::format("@partition: has {} sizes for {} ranks (expected one per rank)",
                                            partition.size(), N));
-  Index sum = 0;
-  for (Index x : partition) {
+  for (Index x : partition)
     if (x < 0) fail(n, Option::partition, fmt::format("@partition: size {} is negative (expected sizes >= 0)", x));
-    sum += x;
-  }
-  if (sum != S)
-    fail(n, Option::partition, fmt::format("@partition: sizes sum to {} but S is {} (expected sum == S)", sum, S));
+  Index sum = 0;
+  const std::string sums = sum_text(partition, sum);
+  if (sum != S) fail(n, Option::partition, fmt::format("@partition: sizes {} but S is {} (expected sum == S)", sums, S));
 }
 
 // The documents' lengths that doc_lens or cu_seqlens (offsets 0 = c0 <= c1 <= ... <= cn = S) give.
@@ -83,14 +93,12 @@ std::vector<Index> checked_documents(const PlanOptions& o, const OptionNames& n)
 void check_mask(const PlanOptions& o, const OptionNames& n) {
   check_window(o.window, n);
   if (o.doc_lens.empty()) return;
-  Index sum = 0;
-  for (Index x : o.doc_lens) {
+  for (Index x : o.doc_lens)
     if (x < 0) fail(n, Option::doc_lens, fmt::format("@doc_lens: length {} is negative (expected lengths >= 0)", x));
-    sum += x;
-  }
+  Index sum = 0;
+  const std::string sums = sum_text(o.doc_lens, sum);
   if (sum != o.shape.S)
-    fail(n, Option::doc_lens, fmt::format("@doc_lens: lengths sum to {} but S is {} (expected sum == S)", sum,
-                                          o.shape.S));
+    fail(n, Option::doc_lens, fmt::format("@doc_lens: lengths {} but S is {} (expected sum == S)", sums, o.shape.S));
 }
 
 // The largest magnitude x whose x log2 e is finite in the arithmetic of `dtype` (float32 unless the
@@ -200,8 +208,9 @@ void check_tiles(const core::Tiling& t, const OptionNames& n) {
 
 Index largest_shard(core::LayoutKind kind, Index S, int N, const std::vector<Index>& partition) {
   if (!partition.empty()) return *std::max_element(partition.begin(), partition.end());
-  if (kind == core::LayoutKind::zigzag) return 2 * ((S + 2 * N - 1) / (2 * Index(N)));
-  return (S + N - 1) / N;
+  auto ceil_div = [](Index a, Index b) { return a / b + (a % b != 0); };  // (a + b - 1) / b overflows near 2^63
+  if (kind == core::LayoutKind::zigzag) return 2 * ceil_div(S, 2 * Index(N));
+  return ceil_div(S, N);
 }
 
 // Everything one attention allocates on its most loaded rank (L positions), before anything is
