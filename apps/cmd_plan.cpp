@@ -118,8 +118,10 @@ Command add_plan_command(CLI::App& parent) {
   CLI::App* plan = parent.add_subcommand("plan", "cost model: bytes, intensity, beta, verdict (no MPI)");
   add_integer(plan, "--seq", in.S, "total positions S")->capture_default_str();
   add_integer(plan, "--ranks", in.N, "devices N")->capture_default_str();
-  add_integer(plan, "--heads", in.H, "query heads H")->capture_default_str();
-  add_integer(plan, "--kv-heads", in.HKV, "key/value heads HKV (H % HKV == 0)")->capture_default_str();
+  CLI::Option* heads = add_integer(plan, "--heads", in.H, "query heads H")->capture_default_str();
+  CLI::Option* kv_heads =
+      add_integer(plan, "--kv-heads", in.HKV, "key/value heads HKV, H % HKV == 0 (default 8, or H with --heads alone)")
+          ->capture_default_str();
   add_integer(plan, "--head-dim", in.D, "head dim D")->capture_default_str();
   add_integer(plan, "--batch", in.B, "batch B")->capture_default_str();
   plan->add_option("--bytes", in.bytes, "bytes per element p (2 = bf16)")->capture_default_str();
@@ -131,7 +133,9 @@ Command add_plan_command(CLI::App& parent) {
   Command cmd;
   cmd.cli = plan;
   cmd.needs_mpi = false;
-  cmd.run = [opt](comm::Comm*) {
+  cmd.run = [opt, heads, kv_heads](comm::Comm*) {
+    // The default HKV = 8 goes with the default H = 32; with --heads alone, HKV = H, as run's.
+    if (heads->count() > 0 && kv_heads->count() == 0) opt->in.HKV = opt->in.H;
     const core::CostInputs& in = opt->in;
     runtime::check_shape(core::Shape{in.B, in.S, in.H, in.HKV, in.D}, runtime::cli_names());  // exit 2
     const core::CostEstimate e = core::estimate_cost(opt->in);  // validates the rest: InputError -> exit 2

@@ -534,7 +534,7 @@ DecodeResult run_decode(comm::Comm& comm, const DecodeConfig& c) {
     check_shape(s, cli_cache_names());
     dtype = parse_dtype(c.dtype, cli_cache_names());
     if (c.timeout_s && !(std::isfinite(*c.timeout_s) && *c.timeout_s >= 0))
-      throw InputError(fmt::format("--timeout: {} is not a time (expected SEC >= 0; 0 disables the watchdog)",
+      throw InputError(fmt::format("--timeout: {} is not a time (expected seconds >= 0; 0 disables the watchdog)",
                                    *c.timeout_s));
     if (c.prefill != "attend" && c.prefill != "load")
       throw InputError(fmt::format("--prefill: '{}' is not a prefill (expected attend or load)", c.prefill));

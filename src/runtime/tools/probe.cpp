@@ -313,7 +313,7 @@ Probe run_probe(comm::Comm& comm, const ProbeConfig& c) {
   agreed(comm, [&] {
     if (c.bw.iters < 1) throw InputError(fmt::format("--iters: {} is not >= 1 (expected a number of repetitions >= 1)", c.bw.iters));
     if (!(c.budget_s > 0))
-      throw InputError(fmt::format("--budget: {} is not a positive time (expected SEC > 0)", c.budget_s));
+      throw InputError(fmt::format("--budget: {} is not a positive time (expected seconds > 0)", c.budget_s));
     core::Shape s{c.batch.value_or(kDefaultBatch), c.seq.value_or(kDefaultSeq), c.heads.value_or(kDefaultHeads), 0,
                   c.head_dim.value_or(kDefaultHeadDim)};
     s.HKV = c.kv_heads.value_or(s.H);
