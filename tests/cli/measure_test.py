@@ -101,6 +101,10 @@ def test_plan_bad_input_exits_2():
         check(len(lines) == 1 and lines[0].startswith(f"ringattn: error: {opt}:"), f"{opt}: one line: {lines}")
     p = run([ARGS.binary, "plan", "--seq", "many"])
     check(p.returncode == 2, f"non-numeric --seq: exit 2 (got {p.returncode})")
+    # --heads alone: HKV = H, as run's default (the default HKV = 8 goes with the default H = 32)
+    for heads, kv in ((4, 4), (3, 3), (32, 8)):
+        j = plan("--heads", heads) if heads != 32 else plan()
+        check(j.get("inputs", {}).get("kv_heads") == kv, f"plan --heads {heads}: HKV {j.get('inputs', {})}")
 
 
 PROBE_KEYS = ["bandwidth", "compute_flops", "beta", "step_intensity", "predicted_comm_ratio", "measured_comm_ratio",
