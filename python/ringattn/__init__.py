@@ -324,15 +324,17 @@ def _differentiable_once(backward):
     raises when reached. That node also takes the call's inputs and incoming gradients that
     require grad, so a second differentiation reaches it whichever tensors it asks for
     (torch.autograd.grad(penalty, w) or penalty.backward(inputs=[w]) for the weights w that made
-    q, k and v), not only one that walks the whole graph."""
+    q, k and v), not only one that walks the whole graph. backward(ctx, saved, *grads) gets the
+    saved tensors, unpacked here once."""
 
     @functools.wraps(backward)
     def wrapper(ctx, *grads):
+        saved = ctx.saved_tensors  # unpacked once (a saved-tensor hook may allow no second unpack)
         with torch.no_grad():
-            outputs = backward(ctx, *grads)
+            outputs = backward(ctx, saved, *grads)
         if not torch.is_grad_enabled():
             return outputs
-        upstream = [t for t in (*ctx.saved_tensors, *grads) if t is not None and t.requires_grad]
+        upstream = [t for t in (*saved, *grads) if t is not None and t.requires_grad]
         err = torch._C._functions.DelayedError(
             b"ringattn.attention is differentiable once: its gradients cannot be differentiated again "
             b"(no double backward)", len(outputs) + len(upstream))
@@ -372,12 +374,13 @@ class _AttentionFunction(torch.autograd.Function):
 
     @staticmethod
     @_differentiable_once
-    def backward(ctx, do, dlse):
-        q, k, v, sinks = ctx.saved_tensors
+    def backward(ctx, saved, do, dlse):
+        q, k, v, sinks = saved
         call, ctx.call = ctx.call, None  # the plan goes back for reuse when this backward is done
         if call is None:  # a second backward through a graph kept by retain_graph=True: the first
             # freed the distributed state, so every rank runs its forward again (collective)
-            again = _Prepared(q, k, v, ctx.prepared.args, ctx.prepared.comm)
+            args = dict(ctx.prepared.args, sinks=ctx.prepared.args["sinks"] or None)  # [] is "none" once converted
+            again = _Prepared(q, k, v, args, ctx.prepared.comm)
             call = again.call()
             qc, kc, vc, o, lse, _ = again.tensors
             call.forward(qc.data_ptr(), kc.data_ptr(), vc.data_ptr(), o.data_ptr(), lse.data_ptr())

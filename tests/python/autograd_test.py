@@ -127,6 +127,27 @@ def backward_twice_with_retain_graph():
     return agreed("backward twice with retain_graph=True", ok, detail)
 
 
+def create_graph_under_a_one_unpack_hook():
+    """A saved-tensor hook whose store gives each tensor back once (offloading that pops it): the
+    backward unpacks the saved tensors once, with create_graph=True as without it."""
+    S = 8
+    pos, (q, k, v) = shard(1, S, 2, 1, 4, seed=4)
+    store = {}
+
+    def pack(t):
+        store[len(store)] = t
+        return len(store) - 1
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, store.pop):
+        o = ringattn.attention(q, k, v, seq_len=S, layout="contiguous", timeout=TIMEOUT)
+    ok, detail = True, "gradients with create_graph=True"
+    try:
+        torch.autograd.grad(o.sum(), (q, k, v), create_graph=True)
+    except Exception as e:  # noqa: BLE001 - any failure is the finding
+        ok, detail = False, f"{type(e).__name__}: {str(e).splitlines()[0][:100]}"
+    return agreed("create_graph under a one-unpack hook", ok, detail)
+
+
 def second_backward_names_retain_graph():
     S = 9
     pos, (q, k, v) = shard(2, S, 4, 2, 4, seed=2)
@@ -174,6 +195,7 @@ def main():
         failed += not double_backward_raises()
         failed += not backward_twice_with_retain_graph()
         failed += not second_backward_names_retain_graph()
+        failed += not create_graph_under_a_one_unpack_hook()
         failed += not gradcheck_passes("B=1 S=6 H=2 HKV=1 D=3 causal", 1, 6, 2, 1, 3, causal=True)
         failed += not gradcheck_passes("B=2 S=5 H=2 HKV=2 D=2 window 2, striped", 2, 5, 2, 2, 2, causal=True,
                                        window=2, layout="striped")
