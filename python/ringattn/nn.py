@@ -105,12 +105,13 @@ class DistributedAttention(torch.nn.Module):
         if moved:
             mine, call = _positions_under(self.options), _positions_under(options)
             if mine is not None and call is not None and not (len(mine) == len(call) and (mine == call).all()):
-                given = ", ".join(f"{n}={overrides[n]!r}" for n in moved if n != "comm")
-                _Prepared.refused(_call_comm(self, overrides),
-                                  f"DistributedAttention.forward: {given or 'comm'} gives rank {self.comm.rank} other "
-                                  f"positions than the module's positions() (expected overrides that keep each "
-                                  f"rank's positions: give the module an explicit layout=, or call "
-                                  f"ringattn.attention)").call()
+                comm = _call_comm(self, overrides) or MPI.COMM_WORLD
+                given = ", ".join(f"{n}={overrides[n]!r}" for n in moved if n != "comm") or "comm"
+                advice = ("give the module an explicit layout= to change the mask per call"
+                          if set(moved) <= {"causal", "window"} else "call ringattn.attention for another sharding")
+                _Prepared.refused(comm, f"DistributedAttention.forward: {given} gives rank {comm.rank} other "
+                                        f"positions than the module's positions() (expected overrides that keep "
+                                        f"each rank's positions: {advice})").call()
         return attention(q, k, v, **options)
 
     def __deepcopy__(self, memo):

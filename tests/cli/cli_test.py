@@ -339,6 +339,12 @@ def test_bad_input_exits_2():
             check(p.returncode == 2, f"{what}: exit 2 (got {p.returncode})")
             check(len(lines) == 1 and lines[0].startswith("ringattn: error:"),
                   f"{what}: one error line: {lines[:3]}")
+        # zigzag on one rank: two chunks of ceil(S / 2) are more than S = 2^63 - 1 (and overflowed)
+        p = ringattn(1, "run", "--seq", 2**63 - 1, "--heads", 1, "--head-dim", 1, "--causal", "--no-backward",
+                     timeout=60)
+        lines = [l for l in p.stderr.splitlines() if l.startswith("ringattn")]
+        check(p.returncode == 2 and len(lines) == 1 and "--seq" in lines[0],
+              f"causal S = 2^63 - 1 on one rank: exit 2 naming --seq ({p.returncode}: {lines[:2]})")
         check(sorted(os.listdir(d)) == ["afile", "trunc"], "no files left behind")
 
 

@@ -312,18 +312,19 @@ def test_ranks_must_agree():
                 "rank 0" in lines[0] and "rank 1" in lines[0] or "lots" in lines[0] or "only applies" in lines[0]),
                 f"{what}: exit 2 naming {field!r} and the ranks ({p.returncode}: {lines[:2]})")
             check(time.monotonic() - t0 < 30, f"{what}: ends in seconds ({time.monotonic() - t0:.1f} s)")
-    # probe and lab agree the same way (ranks measuring different dtypes waited for each other forever)
+    # probe and lab agree the same way, naming their own options
     small = ["--seq", 16, "--heads", 2, "--head-dim", 4, "--max-bytes", 4096, "--iters", 1]
     for cmd, a, b, field in (("probe", small, small + ["--dtype", "f64"], "the dtype"),
                              ("probe", small, small + ["--causal"], "--causal"),
-                             ("lab", [], ["--no-causal"], "--causal"),
+                             ("lab", [], ["--no-causal"], "--no-causal"),
+                             ("lab", [], ["--skip-empty"], "--skip-empty"),
                              ("lab", ["--partition", "2,3"], ["--partition", "3,2"], "the shard sizes")):
         t0 = time.monotonic()
         p = run([ARGS.mpirun, "-q", "-np", 1, ARGS.binary, cmd, *a, ":", "-np", 1, ARGS.binary, cmd, *b], timeout=60)
         lines = error_lines(p)
         check(p.returncode == 2 and len(lines) == 1 and f"ranks disagree on {field}" in lines[0]
-              and time.monotonic() - t0 < 30, f"{cmd} {' '.join(map(str, b))}: exit 2 naming {field!r} ({p.returncode}: "
-              f"{lines[:2]})")
+              and time.monotonic() - t0 < 30,
+              f"{cmd} {' '.join(map(str, b))}: exit 2 naming {field!r} ({p.returncode}: {lines[:2]})")
 
 
 # --- memory ------------------------------------------------------------------------------------

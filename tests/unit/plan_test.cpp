@@ -264,7 +264,7 @@ TEST(Plan, SoftcapZeroIsNoneAndANegativeOrVanishingOneIsRefused) {
   expect_refused(o, 1, Option::softcap, "--softcap: 1e-46 is below the least cap f32's arithmetic takes");
   o.softcap = 1e-30;
   EXPECT_EQ(make_attention_plan(o, 1, cli_names()).softcap, 1e-30);
-  o.softcap = 2.4e38;  // finite in float32, but not times log2 e: the capped scores were NaN
+  o.softcap = 2.4e38;  // finite in float32, but not times log2 e: every capped score would be NaN
   expect_refused(o, 1, Option::softcap, "--softcap: 2.4e+38 overflows f32's float32 arithmetic in base 2");
   o.softcap = 2.3e38;
   EXPECT_EQ(make_attention_plan(o, 1, cli_names()).softcap, 2.3e38);

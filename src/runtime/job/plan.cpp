@@ -66,7 +66,8 @@ void check_partition(const std::vector<Index>& partition, core::LayoutKind kind,
     if (x < 0) fail(n, Option::partition, fmt::format("@partition: size {} is negative (expected sizes >= 0)", x));
   Index sum = 0;
   const std::string sums = sum_text(partition, sum);
-  if (sum != S) fail(n, Option::partition, fmt::format("@partition: sizes {} but S is {} (expected sum == S)", sums, S));
+  if (sum != S)
+    fail(n, Option::partition, fmt::format("@partition: sizes {} but S is {} (expected sum == S)", sums, S));
 }
 
 // The documents' lengths that doc_lens or cu_seqlens (offsets 0 = c0 <= c1 <= ... <= cn = S) give.
@@ -101,12 +102,22 @@ void check_mask(const PlanOptions& o, const OptionNames& n) {
     fail(n, Option::doc_lens, fmt::format("@doc_lens: lengths {} but S is {} (expected sum == S)", sums, o.shape.S));
 }
 
-// The largest magnitude x whose x log2 e is finite in the arithmetic of `dtype` (float32 unless the
-// storage is f64): the kernels work in base 2, with the scale, a cap and a sink times log2 e.
+// Whether x log2 e is finite in the arithmetic of `dtype` (float32 unless the storage is f64), as
+// the kernels compute it: they work in base 2, with the scale, a cap and a sink times log2 e.
+bool finite_in_log2(double x, DType dtype) {
+  constexpr double kLog2e = 1.4426950408889634;
+  const double y = x * kLog2e;
+  return dtype == DType::f64 ? std::isfinite(y) : std::isfinite(static_cast<float>(y));
+}
+
+// The bound finite_in_log2 sets, rounded down to five digits for a message (every value up to the
+// printed one is accepted).
 double most_in_log2(DType dtype) {
   constexpr double kLog2e = 1.4426950408889634;
-  return (dtype == DType::f64 ? std::numeric_limits<double>::max() : double(std::numeric_limits<float>::max())) /
-         kLog2e;
+  const double most =
+      (dtype == DType::f64 ? std::numeric_limits<double>::max() : double(std::numeric_limits<float>::max())) / kLog2e;
+  const double unit = std::pow(10.0, std::floor(std::log10(most)) - 4);
+  return std::floor(most / unit) * unit;
 }
 
 const char* arithmetic(DType dtype) { return dtype == DType::f64 ? "float64" : "float32"; }
@@ -115,9 +126,10 @@ double checked_scale(const PlanOptions& o, DType dtype, const OptionNames& n) {
   const double scale = o.scale ? *o.scale : 1.0 / std::sqrt(double(o.shape.D));
   if (!std::isfinite(scale)) fail(n, Option::scale, fmt::format("@scale: {} is not a finite number (expected a finite scale)", scale));
   // The scores are computed in the accumulation type, in base 2: scale log2 e must be finite there.
-  if (!(std::abs(scale) <= most_in_log2(dtype)))
-    fail(n, Option::scale, fmt::format("@scale: {:g} overflows {}'s {} arithmetic in base 2 (expected |scale| <= "
-                                       "{:g})", scale, core::dtype_name(dtype), arithmetic(dtype), most_in_log2(dtype)));
+  if (!finite_in_log2(scale, dtype))
+    fail(n, Option::scale,
+         fmt::format("@scale: {:g} overflows {}'s {} arithmetic in base 2 (expected |scale| <= {:g})", scale,
+                     core::dtype_name(dtype), arithmetic(dtype), most_in_log2(dtype)));
   return scale;
 }
 
@@ -143,7 +155,7 @@ double checked_softcap(const PlanOptions& o, DType dtype, const OptionNames& n) 
   const double c = *o.softcap;
   if (!(std::isfinite(c) && c >= 0))
     fail(n, Option::softcap, fmt::format("@softcap: {} is not a cap (expected c > 0, or 0 for none)", c));
-  if (!(c <= most_in_log2(dtype)))
+  if (!finite_in_log2(c, dtype))
     fail(n, Option::softcap, fmt::format("@softcap: {:g} overflows {}'s {} arithmetic in base 2 (expected c <= {:g})",
                                          c, core::dtype_name(dtype), arithmetic(dtype), most_in_log2(dtype)));
   // The kernels scale by c and by 1 / c: a cap that their arithmetic rounds to 0 (or whose inverse
@@ -209,7 +221,10 @@ void check_tiles(const core::Tiling& t, const OptionNames& n) {
 Index largest_shard(core::LayoutKind kind, Index S, int N, const std::vector<Index>& partition) {
   if (!partition.empty()) return *std::max_element(partition.begin(), partition.end());
   auto ceil_div = [](Index a, Index b) { return a / b + (a % b != 0); };  // (a + b - 1) / b overflows near 2^63
-  if (kind == core::LayoutKind::zigzag) return 2 * ceil_div(S, 2 * Index(N));
+  if (kind == core::LayoutKind::zigzag) {  // two chunks of ceil(S / 2N), never more than S
+    const Index c = ceil_div(S, 2 * Index(N));
+    return c > S / 2 ? S : 2 * c;
+  }
   return ceil_div(S, N);
 }
 
@@ -373,7 +388,7 @@ void check_sinks(std::span<const double> sinks, Index H, DType dtype, const Opti
       fail(n, Option::sinks, fmt::format("@sinks: {} for head {} is not a logit (expected a finite number, or -inf "
                                          "for no sink)", x, h));
     // the kernels merge a sink in log2 units (x log2 e)
-    if (std::isfinite(x) && !(std::abs(x) <= most_in_log2(dtype)))
+    if (std::isfinite(x) && !finite_in_log2(x, dtype))
       fail(n, Option::sinks, fmt::format("@sinks: {:g} for head {} overflows {}'s {} arithmetic in base 2 (expected "
                                          "|sink| <= {:g})", x, h, core::dtype_name(dtype), arithmetic(dtype),
                                          most_in_log2(dtype)));

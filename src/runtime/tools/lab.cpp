@@ -272,13 +272,17 @@ LabResult run_lab(const comm::Comm& comm, const LabConfig& cfg) {
     res.scale = plan.scale;
     res.traffic = plan.traffic;
   });
-  // Every rank runs the same example: the ranks agree on it before the ring's first message.
-  std::vector<PlanField> fields = plan_fields(plan, opts, cli_names());
-  fields.push_back({"--layer", cfg.layer ? "on" : "off"});
-  fields.push_back({"--inputs", cfg.inputs});
-  fields.push_back({"--report", cfg.report});
-  fields.push_back({"the test hooks", std::to_string(cfg.drop_grad_step)});
-  fields.push_back({"the inputs' values (a digest)", values_digest(res.in)});
+  // Every rank runs the same example: the ranks agree on it before the ring's first message. The
+  // lab's own options come first, so that a difference is named by the option that makes it.
+  std::vector<PlanField> fields = {{"--inputs", cfg.inputs},
+                                   {"the inputs' values (a digest)", values_digest(res.in)},
+                                   {"--layer", cfg.layer ? "on" : "off"},
+                                   {"--no-causal", cfg.causal ? "off" : "on"},
+                                   {"--skip-empty", cfg.skip_empty ? "on" : "off"},
+                                   {"--report", cfg.report},
+                                   {"the test hooks", std::to_string(cfg.drop_grad_step)}};
+  const std::vector<PlanField> plan_part = plan_fields(plan, opts, cli_names());
+  fields.insert(fields.end(), plan_part.begin(), plan_part.end());
   agree_on_plan(comm, fields);
   const Shape& s = res.in.shape;
   res.tolerance = cfg.inputs.empty() ? kExampleTolerance : check_tolerance(core::DType::f64);
