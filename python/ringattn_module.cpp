@@ -159,9 +159,7 @@ PlanCache& plans() {
 }
 
 std::uint64_t digest(const std::string& s, std::uint64_t build) {
-  std::uint64_t h = 1469598103934665603ull ^ build;
-  for (unsigned char ch : s) h = (h ^ ch) * 1099511628211ull;
-  return h;
+  return ringattn::runtime::digest_bytes(s.data(), s.size(), ringattn::runtime::kDigestSeed ^ build);
 }
 
 // Polls `req` to completion under the watchdog `timeout_s` (0: none), as every wait of a plan is:

@@ -34,13 +34,19 @@ def _checked_keywords(where, options):
     return options
 
 
+def _positions_of(options):
+    """This rank's positions under a call's (or the module's) options: seq_len, layout, partition,
+    mask and comm."""
+    comm = options.get("comm") or MPI.COMM_WORLD
+    return positions(options["seq_len"], comm.size, comm.rank, options.get("layout", "auto"),
+                     options.get("partition"), causal=options.get("causal", False), window=options.get("window"))
+
+
 def _positions_under(options):
-    """This rank's positions under a call's options, or None where they are not valid (the call
-    then refuses them on every rank)."""
+    """_positions_of, or None where the options are not valid (the call then refuses them on every
+    rank)."""
     try:
-        comm = options.get("comm") or MPI.COMM_WORLD
-        return positions(options["seq_len"], comm.size, comm.rank, options.get("layout", "auto"),
-                         options.get("partition"), causal=options.get("causal", False), window=options.get("window"))
+        return _positions_of(options)
     except Exception:  # noqa: BLE001 - attention() reports what is wrong, on every rank
         return None
 
@@ -83,9 +89,7 @@ class DistributedAttention(torch.nn.Module):
     def positions(self):
         """This rank's global positions under the module's layout: an increasing int64 array
         (ringattn.positions with the module's seq_len, layout, partition and mask)."""
-        o = self.options
-        return positions(o["seq_len"], self.comm.size, self.comm.rank, o.get("layout", "auto"), o.get("partition"),
-                         causal=o.get("causal", False), window=o.get("window"))
+        return _positions_of(self.options)
 
     @functools.partial(_agreed_signature, comm_of=lambda args, kwargs: _call_comm(args[0], kwargs))
     def forward(self, q, k, v, **overrides):

@@ -141,7 +141,7 @@ namespace {
 // the same way by the forward's merge and the sinks' gradient.
 template <class A>
 A sink_log2(double sink) {
-  return static_cast<A>(sink * 1.4426950408889634);
+  return static_cast<A>(sink * kLog2e);
 }
 }  // namespace
 

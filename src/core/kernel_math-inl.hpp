@@ -98,9 +98,6 @@ HWY_INLINE hn::Vec<D> Exp2(D d, hn::Vec<D> x) {
   return hn::IfThenZeroElse(hn::Lt(x, hn::Set(d, C::kMin)), hn::Mul(p, scale));
 }
 
-// The softmax base is 2 for both accumulation types: log2 e is folded into the scale, one 2^x per
-// score, and no reduction by ln 2 is needed (the running max is kept in log2 units).
-constexpr double kLog2e = 1.4426950408889634;
 
 // ---- operands ------------------------------------------------------------------------------------
 

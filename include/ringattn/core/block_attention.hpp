@@ -35,6 +35,11 @@
 
 namespace ringattn::core {
 
+// The softmax base is 2 for both accumulation types: log2 e is folded into the scale (and into a
+// cap and a sink), one 2^x per score, and no reduction by ln 2 is needed (the running max is kept
+// in log2 units).
+inline constexpr double kLog2e = 1.4426950408889634;
+
 // How the products with one f32 operand (P V, P^T dO, dS K, dS^T Q) take that operand:
 //   f32:  exactly (the default; every storage type);
 //   bf16: P and dS rounded to bf16 first, as FlashAttention and PyTorch's CPU flash kernel do, so

@@ -1,6 +1,8 @@
 #pragma once
 // Ranks agree before they talk: a failure on one rank becomes the same error on every rank, so no
 // rank is left waiting in a collective for a peer that already gave up.
+#include <cstddef>
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -45,5 +47,10 @@ struct PlanField {
 // compared (a digest first, all fields only when the digests differ). A difference is an
 // InputError on every rank naming the first field that differs and which ranks hold which value.
 void agree_on_plan(const comm::Group& group, const std::vector<PlanField>& fields);
+
+// FNV-1a over n bytes, continuing from h: a digest that ranks compare to learn whether they hold
+// the same bytes (options, inputs, outputs) before they compare the bytes themselves.
+inline constexpr std::uint64_t kDigestSeed = 1469598103934665603ull;
+std::uint64_t digest_bytes(const void* p, std::size_t n, std::uint64_t h = kDigestSeed);
 
 }  // namespace ringattn::runtime

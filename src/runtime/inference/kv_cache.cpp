@@ -21,13 +21,6 @@ namespace {
 // Where an unused slot of the decoded block lies: after every query, so no mask shows it.
 constexpr Index kFuture = std::numeric_limits<Index>::max() / 4;
 
-// A 64-bit digest of bytes (FNV-1a), to check that every rank was given the same new tokens.
-std::uint64_t digest(const void* p, std::size_t n, std::uint64_t h = 1469598103934665603ull) {
-  const auto* b = static_cast<const unsigned char*>(p);
-  for (std::size_t i = 0; i < n; ++i) h = (h ^ b[i]) * 1099511628211ull;
-  return h;
-}
-
 // The plan options of a causal prompt of `prompt_len` positions under the cache's options.
 PlanOptions prompt_options(const KVCacheOptions& o, Index prompt_len) {
   PlanOptions p;
@@ -232,9 +225,9 @@ DecodeStats KVCacheShard<S>::decode(Index T, const S* q, const S* k, const S* v,
   });
   // Every rank must hold the same new tokens: one min/max of a digest of q, k and v.
   {
-    std::uint64_t h = digest(q, sizeof(S) * qn);
-    h = digest(k, sizeof(S) * kn, h);
-    h = digest(v, sizeof(S) * kn, h);
+    std::uint64_t h = digest_bytes(q, sizeof(S) * qn);  // every rank was given the same new tokens
+    h = digest_bytes(k, sizeof(S) * kn, h);
+    h = digest_bytes(v, sizeof(S) * kn, h);
     std::int64_t mm[2] = {std::int64_t(h >> 1), -std::int64_t(h >> 1)};
     comm_.allreduce_max(std::span<std::int64_t>(mm, 2));
     agreed(comm_, [&] {

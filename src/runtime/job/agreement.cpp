@@ -28,12 +28,6 @@ std::vector<PlanField> parse(const std::string& s) {
   return out;
 }
 
-std::uint64_t digest(const std::string& s) {
-  std::uint64_t h = 1469598103934665603ull;
-  for (unsigned char c : s) h = (h ^ c) * 1099511628211ull;
-  return h;
-}
-
 std::string ranks_text(const std::vector<int>& ranks) {
   std::string s = ranks.size() == 1 ? "rank " : "ranks ";
   for (std::size_t i = 0; i < ranks.size(); ++i) {
@@ -84,9 +78,15 @@ std::string first_difference(const std::vector<std::vector<PlanField>>& all) {
 
 }  // namespace
 
+std::uint64_t digest_bytes(const void* p, std::size_t n, std::uint64_t h) {
+  const auto* b = static_cast<const unsigned char*>(p);
+  for (std::size_t i = 0; i < n; ++i) h = (h ^ b[i]) * 1099511628211ull;
+  return h;
+}
+
 void agree_on_plan(const comm::Group& group, const std::vector<PlanField>& fields) {
   const std::string text = serialize(fields);
-  const auto h = static_cast<std::int64_t>(digest(text));
+  const auto h = static_cast<std::int64_t>(digest_bytes(text.data(), text.size()));
   std::int64_t lo = h, hi = h;
   group.allreduce_min(std::span<std::int64_t>(&lo, 1));
   group.allreduce_max(std::span<std::int64_t>(&hi, 1));

@@ -56,13 +56,6 @@ std::vector<double> rows(const std::vector<double>& x, Index B, Index S, Index i
   return out;
 }
 
-std::uint64_t digest(const void* p, std::size_t n) {
-  std::uint64_t h = 1469598103934665603ull;
-  const auto* b = static_cast<const unsigned char*>(p);
-  for (std::size_t i = 0; i < n; ++i) h = (h ^ b[i]) * 1099511628211ull;
-  return h;
-}
-
 // The last rows [first, S) of causal attention over all S positions, in float64 from the global
 // tensors: o [B, S - first, H, D] and lse [B, H, S - first]. Each row's softmax over the keys it
 // sees at once (max, then exp and sum): the definition, for a prompt that was not attended here.
@@ -240,7 +233,7 @@ DecodeResult run_typed(const comm::Comm& comm, const DecodeConfig& c, const core
     slowest.push_back(sl);
     kv_bytes = st.kv_bytes;
     // The same O, bit for bit, on every rank.
-    const std::int64_t h = std::int64_t(digest(o.data(), o.size() * sizeof(A)) >> 1);
+    const std::int64_t h = std::int64_t(digest_bytes(o.data(), o.size() * sizeof(A)) >> 1);
     std::int64_t mm[2] = {h, -h};
     comm.allreduce_max(std::span<std::int64_t>(mm, 2));
     res.identical_on_every_rank = res.identical_on_every_rank && mm[0] == -mm[1];

@@ -9,6 +9,7 @@
 #include "ringattn/core/errors.hpp"
 #include "ringattn/core/median.hpp"
 #include "ringattn/core/reference.hpp"
+#include "ringattn/runtime/agreement.hpp"
 #include "ringattn/runtime/paths.hpp"
 #include "ringattn/runtime/staged_outputs.hpp"
 
@@ -26,9 +27,7 @@ std::vector<double> as_double(const OutputTensor& t) {
 // FNV-1a over a tensor's bytes: whole outputs must be the same bits on every rank.
 std::uint64_t digest(const OutputTensor& t) {
   const auto bytes = !t.f64.empty() ? std::as_bytes(t.f64) : std::as_bytes(t.f32);
-  std::uint64_t h = 1469598103934665603ull;
-  for (std::byte b : bytes) h = (h ^ std::uint64_t(b)) * 1099511628211ull;
-  return h;
+  return digest_bytes(bytes.data(), bytes.size());
 }
 
 // Rank 0 receives every rank's part of a positional output, at its global positions.

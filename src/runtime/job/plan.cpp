@@ -105,17 +105,15 @@ void check_mask(const PlanOptions& o, const OptionNames& n) {
 // Whether x log2 e is finite in the arithmetic of `dtype` (float32 unless the storage is f64), as
 // the kernels compute it: they work in base 2, with the scale, a cap and a sink times log2 e.
 bool finite_in_log2(double x, DType dtype) {
-  constexpr double kLog2e = 1.4426950408889634;
-  const double y = x * kLog2e;
+  const double y = x * core::kLog2e;
   return dtype == DType::f64 ? std::isfinite(y) : std::isfinite(static_cast<float>(y));
 }
 
 // The bound finite_in_log2 sets, rounded down to five digits for a message (every value up to the
 // printed one is accepted).
 double most_in_log2(DType dtype) {
-  constexpr double kLog2e = 1.4426950408889634;
-  const double most =
-      (dtype == DType::f64 ? std::numeric_limits<double>::max() : double(std::numeric_limits<float>::max())) / kLog2e;
+  const double most = (dtype == DType::f64 ? std::numeric_limits<double>::max()
+                                           : double(std::numeric_limits<float>::max())) / core::kLog2e;
   const double unit = std::pow(10.0, std::floor(std::log10(most)) - 4);
   return std::floor(most / unit) * unit;
 }

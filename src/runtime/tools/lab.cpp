@@ -224,14 +224,12 @@ io::Json config_json(const LabConfig& c, const LabResult& res, int N) {
   return j;
 }
 
-// A digest of the example's values (FNV-1a over their bytes): ranks that read different files of
-// the same shape do not agree on it.
+// A digest of the example's values: ranks that read different files of the same shape do not
+// agree on it.
 std::string values_digest(const LabInputs& in) {
-  std::uint64_t h = 1469598103934665603ull;
-  for (const std::vector<double>* t : {&in.q, &in.k, &in.v, &in.dout}) {
-    const auto* b = reinterpret_cast<const unsigned char*>(t->data());
-    for (std::size_t i = 0; i < t->size() * sizeof(double); ++i) h = (h ^ b[i]) * 1099511628211ull;
-  }
+  std::uint64_t h = kDigestSeed;
+  for (const std::vector<double>* t : {&in.q, &in.k, &in.v, &in.dout})
+    h = digest_bytes(t->data(), t->size() * sizeof(double), h);
   return fmt::format("{:016x}", h);
 }
 
