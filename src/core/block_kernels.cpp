@@ -582,6 +582,24 @@ double FmaPeak(bool f64, double seconds, bool sustained) {
 simd::PieceTimes TimePiece(bool f64, Index D, int reps) {
   return f64 ? piece_times_impl<double>(D, reps) : piece_times_impl<float>(D, reps);
 }
+// y = 2^x as the kernels compute it in A (Exp2; x rounded to A first), for tests of its accuracy.
+template <class A>
+void exp2_values(const double* x, double* y, Index n) {
+  const Tag<A> d;
+  const Index N = static_cast<Index>(hn::Lanes(d));
+  AlignedVector<A> buf(N);
+  for (Index i = 0; i < n; i += N) {
+    const Index m = std::min(N, n - i);
+    std::fill(buf.begin(), buf.end(), A(0));
+    for (Index j = 0; j < m; ++j) buf[j] = static_cast<A>(x[i + j]);
+    hn::Store(Exp2(d, hn::Load(d, buf.data())), d, buf.data());
+    for (Index j = 0; j < m; ++j) y[i + j] = double(buf[j]);
+  }
+}
+void Exp2Values(bool f64, const double* x, double* y, Index n) {
+  if (f64) exp2_values<double>(x, y, n);
+  else exp2_values<float>(x, y, n);
+}
 const char* TargetName() { return hwy::TargetName(HWY_TARGET); }
 // Columns a score block covers at once (its row stride must round up to them), and the tiles.
 Index ColumnBlock(bool f64) {
@@ -701,6 +719,7 @@ RINGATTN_INSTANTIATE(f16)
 
 HWY_EXPORT(FmaPeak);
 HWY_EXPORT(TimePiece);
+HWY_EXPORT(Exp2Values);
 HWY_EXPORT(TargetName);
 HWY_EXPORT(ColumnBlock);
 HWY_EXPORT(DefaultTiling);
@@ -713,6 +732,9 @@ double fma_sustained(DType t, double seconds) {
 }
 PieceTimes piece_times(DType t, Index head_dim, int reps) {
   return HWY_DYNAMIC_DISPATCH(TimePiece)(t == DType::f64, head_dim, reps);
+}
+void exp2_values(DType t, const double* x, double* y, Index n) {
+  HWY_DYNAMIC_DISPATCH(Exp2Values)(t == DType::f64, x, y, n);
 }
 std::string current() { return HWY_DYNAMIC_DISPATCH(TargetName)(); }
 std::string kernels(DType t) {

@@ -36,21 +36,21 @@ using Tag = hn::ScalableTag<A>;
 template <class T>
 struct Exp2Consts;
 template <>
-struct Exp2Consts<float> {  // degree 6, about 1 ulp
+struct Exp2Consts<float> {  // degree 5 (minimax in ulps), at most 1.8 ulp (2.1 without a fused multiply-add)
   static constexpr float kMagic = 12582912.0f + 127.0f, kMin = -125.0f;
   static constexpr int kMantissa = 23;
-  static constexpr float kPoly[] = {1.535336188319500e-4f, 1.339887440266574e-3f, 9.618437357674640e-3f,
-                                    5.550332471162809e-2f, 2.402264791363012e-1f, 6.931472028550421e-1f, 1.0f};
+  static constexpr float kPoly[] = {1.3225707225501537e-3f, 9.671762585639954e-3f, 5.550891533493996e-2f,
+                                    2.4022236466407776e-1f, 6.93146824836731e-1f, 1.0f};
 };
 template <>
-struct Exp2Consts<double> {  // (ln 2)^k / k!, the degree-12 Taylor polynomial of e^(f ln 2), about 1 ulp
+struct Exp2Consts<double> {  // (ln 2)^k / k!: the degree-13 Taylor polynomial of e^(f ln 2), at most 1 ulp (1.2)
   static constexpr double kMagic = 6755399441055744.0 + 1023.0, kMin = -1021.0;
   static constexpr int kMantissa = 52;
-  static constexpr double kPoly[] = {2.5678435993488206e-11, 4.4455382718708116e-10, 7.054911620801123e-09,
-                                     1.01780860092397e-07,   1.321548679014431e-06,  1.5252733804059841e-05,
-                                     1.540353039338161e-04,  1.3333558146428443e-03, 9.618129107628477e-03,
-                                     5.550410866482158e-02,  2.4022650695910072e-01, 6.931471805599453e-01,
-                                     1.0};
+  static constexpr double kPoly[] = {1.3691488853904128e-12, 2.5678435993488206e-11, 4.4455382718708116e-10,
+                                     7.054911620801123e-09,  1.01780860092397e-07,   1.321548679014431e-06,
+                                     1.5252733804059841e-05, 1.540353039338161e-04,  1.3333558146428443e-03,
+                                     9.618129107628477e-03,  5.550410866482158e-02,  2.4022650695910072e-01,
+                                     6.931471805599453e-01,  1.0};
 };
 
 // 2^x for x <= 0 in f32 or f64: 2^x = 2^n 2^f, n = round(x) by adding 1.5 2^m (whose low mantissa

@@ -56,6 +56,11 @@ Bf16ProductTimes bf16_product_times(Index head_dim, int reps = 1000);
 // That instruction's peak alone, in FLOP/s (0 where it is not available).
 double bf16_dot_peak(double seconds = 0.2);
 
+// y[i] = 2^x[i] as the kernels compute it on the current target, in f32 (x[i] rounded to float
+// first) or f64, for x[i] <= 0: 0 below 2^-125 (f32) or 2^-1021 (f64) and for -inf; NaN stays NaN.
+// For tests of its accuracy (tests/unit/block_attention_test.cpp bounds its error in ulps).
+void exp2_values(DType t, const double* x, double* y, Index n);
+
 // The current target's default tiles, and the columns its score kernel covers at once.
 Tiling default_tiling();
 Index column_block(std::size_t elem_size);
