@@ -592,7 +592,7 @@ void exp2_values(const double* x, double* y, Index n) {
     const Index m = std::min(N, n - i);
     std::fill(buf.begin(), buf.end(), A(0));
     for (Index j = 0; j < m; ++j) buf[j] = static_cast<A>(x[i + j]);
-    hn::Store(Exp2(d, hn::Load(d, buf.data())), d, buf.data());
+    hn::StoreU(Exp2(d, hn::LoadU(d, buf.data())), d, buf.data());
     for (Index j = 0; j < m; ++j) y[i + j] = double(buf[j]);
   }
 }

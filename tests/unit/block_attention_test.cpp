@@ -11,6 +11,7 @@
 #include <limits>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "ringattn/core/layout.hpp"
@@ -64,44 +65,60 @@ TEST(BlockAttention, PieceTimesCoverTheDefaultTiles) {
 }
 
 // The kernels' 2^x, which forms every softmax weight (P = 2^(S - m)), on every target: within
-// kMaxUlps of 2^x over a dense sweep of [-125, 0] and of [-1, 0] (where its argument's fraction
-// takes every value), against long double; exactly 1 at 0; 0 below the least kept x (no denormal)
-// and at -inf; NaN for NaN.
+// kMaxUlps of 2^x over a dense sweep of the whole kept range and of [-1, 0] (where its argument's
+// fraction takes every value), against long double, never NaN; exactly 1 at 0 and 2^least at the
+// least kept x; 0 below it (never a denormal) and at -inf; NaN for NaN.
 TEST(BlockAttention, Exp2IsWithinItsUlps) {
+  static_assert(std::numeric_limits<long double>::digits > 53, "the f64 reference needs a wider long double");
   on_every_target([] {
     for (const DType type : {DType::f32, DType::f64}) {
       const bool f64 = type == DType::f64;
       // f32, a degree-5 polynomial: 1.8 ulp where MulAdd is one fused operation, 2.1 where it is a
-      // product and a sum (SSE4, EMU128); f64, degree 13: 1 ulp and 1.2
+      // product and a sum (the targets without FMA this build has: SSE4, EMU128); f64, degree 13:
+      // 1 ulp and 1.2
       const std::string t = simd::current();
       const bool fused = !(t == "SSE2" || t == "SSSE3" || t == "SSE4" || t == "EMU128" || t == "SCALAR");
       const double kMaxUlps = f64 ? (fused ? 1.0 : 1.2) : (fused ? 1.8 : 2.1);
       const int mantissa = f64 ? 52 : 23;
-      std::vector<double> x;
-      for (int i = 0; i <= 200000; ++i) x.push_back(-125.0 * i / 200000);
-      for (int i = 0; i <= 200000; ++i) x.push_back(-1.0 * i / 200000);
-      if (!f64)
-        for (double& e : x) e = double(float(e));
-      std::vector<double> y(x.size());
-      simd::exp2_values(type, x.data(), y.data(), Index(x.size()));
+      const double least = f64 ? -1021.0 : -125.0, inf = std::numeric_limits<double>::infinity();
+      auto kernel_exp2 = [&](std::vector<double> x) {
+        if (!f64)
+          for (double& e : x) e = double(float(e));
+        std::vector<double> y(x.size());
+        simd::exp2_values(type, x.data(), y.data(), Index(x.size()));
+        return std::pair{x, y};
+      };
+      std::vector<double> sweep;
+      for (int i = 0; i <= 200000; ++i) sweep.push_back(least * i / 200000);
+      for (int i = 0; i <= 200000; ++i) sweep.push_back(-1.0 * i / 200000);
+      const auto [x, y] = kernel_exp2(sweep);
       double worst = 0, at = 0;
+      std::size_t nans = 0;
       for (std::size_t i = 0; i < x.size(); ++i) {
         const long double ref = std::exp2l(static_cast<long double>(x[i]));
         const double ulps = double(std::fabs(static_cast<long double>(y[i]) - ref) /
-                                   std::ldexp(1.0L, std::ilogb(double(ref)) - mantissa));
-        if (ulps > worst) worst = ulps, at = x[i];
+                                   std::ldexp(1.0L, std::ilogb(ref) - mantissa));
+        if (std::isnan(ulps)) ++nans;
+        else if (ulps > worst) worst = ulps, at = x[i];
       }
-      std::printf("%s %s: 2^x within %.3f ulp (at x = %.9g)\n", simd::current().c_str(), f64 ? "f64" : "f32", worst,
-                  at);
-      EXPECT_LE(worst, kMaxUlps) << simd::current() << (f64 ? " f64" : " f32") << " at x = " << at;
-      const double inf = std::numeric_limits<double>::infinity();
-      std::vector<double> special{0.0, -inf, f64 ? -1022.0 : -126.0, -1e6, std::nan("")}, out(special.size());
-      simd::exp2_values(type, special.data(), out.data(), Index(special.size()));
-      EXPECT_EQ(out[0], 1.0);
-      EXPECT_EQ(out[1], 0.0);
-      EXPECT_EQ(out[2], 0.0);
-      EXPECT_EQ(out[3], 0.0);
-      EXPECT_TRUE(std::isnan(out[4]));
+      std::printf("%s %s: 2^x within %.3f ulp (at x = %.9g)\n", t.c_str(), f64 ? "f64" : "f32", worst, at);
+      EXPECT_EQ(nans, 0u) << t << (f64 ? " f64" : " f32");
+      EXPECT_LE(worst, kMaxUlps) << t << (f64 ? " f64" : " f32") << " at x = " << at;
+      const double below = f64 ? std::nextafter(least, -inf) : double(std::nextafter(float(least), -HUGE_VALF));
+      const auto [xs, ys] = kernel_exp2({0.0, least, below, least - 1, -1e6, -inf, std::nan("")});
+      EXPECT_EQ(ys[0], 1.0);
+      EXPECT_EQ(ys[1], std::ldexp(1.0, int(least)));
+      EXPECT_EQ(ys[2], 0.0);
+      EXPECT_EQ(ys[3], 0.0);
+      EXPECT_EQ(ys[4], 0.0);
+      EXPECT_EQ(ys[5], 0.0);
+      EXPECT_TRUE(std::isnan(ys[6]));
+      // no denormal just below the least kept x either: 0, or at least 2^least
+      std::vector<double> edge;
+      for (int i = 0; i <= 1000; ++i) edge.push_back(least - 2.0 * i / 1000);
+      const auto [xe, ye] = kernel_exp2(edge);
+      for (std::size_t i = 0; i < xe.size(); ++i)
+        EXPECT_TRUE(ye[i] == 0.0 || ye[i] >= std::ldexp(1.0, int(least))) << t << " at x = " << xe[i];
     }
   });
 }
