@@ -16,19 +16,19 @@
 namespace ringattn::core::amx {
 namespace {
 
-// The CPU has AMX-TILE, AMX-BF16, AVX-512F and AVX512_BF16 (whose vcvtneps2bf16 the packers of
-// Precision::bf16 round with), the OS saves AVX-512 and tile state (XCR0), and
-// Linux grants this process the tile data (arch_prctl ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA):
+// The CPU has AMX-TILE, AMX-BF16, AVX-512F and BW (the packers' word permutes) and AVX512_BF16
+// (whose vcvtneps2bf16 the packers of Precision::bf16 round with), the OS saves AVX-512 and tile
+// state (XCR0), and Linux grants this process the tile data (arch_prctl ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA):
 // without that grant the first tile instruction would fault.
 bool machine_allows() {
 #if defined(__x86_64__) && defined(__linux__)
   if (!compiled()) return false;
   unsigned a = 0, b = 0, c = 0, d = 0;
   if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return false;
-  const bool avx512f = b & (1u << 16), amx_bf16 = d & (1u << 22), amx_tile = d & (1u << 24);
+  const bool avx512 = (b & (1u << 16)) && (b & (1u << 30)), amx_bf16 = d & (1u << 22), amx_tile = d & (1u << 24);
   const unsigned subleaves = a;
   if (!__get_cpuid(1, &a, &b, &c, &d) || !(c & (1u << 27))) return false;  // OSXSAVE
-  if (!avx512f || !amx_bf16 || !amx_tile) return false;
+  if (!avx512 || !amx_bf16 || !amx_tile) return false;
   if (subleaves < 1 || !__get_cpuid_count(7, 1, &a, &b, &c, &d) || !(a & (1u << 5))) return false;  // AVX512_BF16
   unsigned lo = 0, hi = 0;
   __asm__("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));

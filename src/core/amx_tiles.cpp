@@ -157,6 +157,62 @@ inline void transpose16(__m512 r[16]) {
   for (int j = 0; j < 16; ++j) r[j] = t[j];
 }
 
+// The word indices that interleave a register's two halves: 2 j takes word j of the low half, 2 j + 1
+// word j of the high half, so that 16 values of a row and 16 of the next become 16 pairs.
+inline __m512i pair_interleave() {
+  alignas(64) std::uint16_t idx[32];
+  for (int j = 0; j < 16; ++j) {
+    idx[2 * j] = static_cast<std::uint16_t>(j);
+    idx[2 * j + 1] = static_cast<std::uint16_t>(16 + j);
+  }
+  return _mm512_load_si512(idx);
+}
+
+template <bool B>
+struct Whole {  // whether a block of 32 rows lies inside the depth (its loads then need no test)
+  static constexpr bool value = B;
+};
+
+// The transposing packers' common part: A's row j is `lead` zeros, column j of a source of `depth`
+// rows as bf16, zeros to Kp = padded_depth(lead + depth); then kTileRows zero rows. 32 rows by 16
+// columns at a time: pair(whole, i, j0, keep) gives rows i and i + 1 from column j0 on (the columns
+// in keep; zeros for rows past the depth) as 32 bf16, row i's in the low half; they are interleaved
+// into 16 pairs (column j's two values as one 32-bit value) and the 16 x 16 pairs transposed as
+// 32-bit values, so that each register then holds 32 values of a column. The stores of the last
+// block's zeros may run one element into the next row's lead, which is zero too.
+template <class Pair>
+void pack_columns(Index depth, Index m, Index lead, std::uint16_t* A, Pair&& pair) {
+  const Index Kp = padded_depth(lead + depth), end = lead + (depth + 31) / 32 * 32;
+  const __m512i interleave = pair_interleave();
+  for (Index j0 = 0; j0 < m; j0 += 16) {
+    const Index cols = m - j0 < 16 ? m - j0 : 16;
+    const __mmask16 keep = first(cols);
+    for (Index i0 = 0; i0 < depth; i0 += 32) {
+      __m512 r[16];
+      auto load = [&](auto whole) {
+#pragma GCC unroll 16
+        for (int t = 0; t < 16; ++t)
+          r[t] = _mm512_castsi512_ps(_mm512_permutexvar_epi16(interleave, pair(whole, i0 + 2 * t, j0, keep)));
+      };
+      if (i0 + 32 <= depth)
+        load(Whole<true>{});
+      else
+        load(Whole<false>{});
+      transpose16(r);
+      std::uint16_t* const a = A + j0 * Kp + lead + i0;
+#pragma GCC unroll 16
+      for (int c = 0; c < 16; ++c)
+        if (c < cols) _mm512_storeu_ps(a + c * Kp, r[c]);
+    }
+  }
+  for (Index j = 0; j < m; ++j) {
+    std::uint16_t* a = A + j * Kp;
+    if (lead) a[0] = 0;
+    zero_tail(a, end, Kp);
+  }
+  memset(A + m * Kp, 0, sizeof(std::uint16_t) * kTileRows * Kp);
+}
+
 }  // namespace
 
 // Each row: 16 values at a time from `lead` on (the last step's zeros may run one element into the
@@ -176,32 +232,15 @@ void pack_rounded_rows(const float* P, Index n, Index depth, Index ldp, Index le
   memset(A + n * Kp, 0, sizeof(std::uint16_t) * kTileRows * Kp);
 }
 
-// P's columns as rows: 16 x 16 blocks of P loaded by rows, transposed in registers and rounded (a
-// gather per 16 values took as long as the products on AMD Zen 5); rows of the block past the
-// depth load as zeros, so each stored row of 16 ends in zeros as pack_rounded_rows' do.
+// P's columns as rows (see pack_columns; a gather per 16 values took as long as the products on AMD
+// Zen 5, and transposing f32 before rounding moved twice the bits).
 void pack_rounded_cols(const float* P, Index depth, Index m, Index ldp, Index lead, std::uint16_t* A) {
-  const Index Kp = padded_depth(lead + depth), end = lead + (depth + 15) / 16 * 16;
-  for (Index j0 = 0; j0 < m; j0 += 16) {
-    const Index cols = m - j0 < 16 ? m - j0 : 16;
-    const __mmask16 keep = first(cols);
-    for (Index i0 = 0; i0 < depth; i0 += 16) {
-      __m512 r[16];
-#pragma GCC unroll 16
-      for (int t = 0; t < 16; ++t)
-        r[t] = i0 + t < depth ? _mm512_maskz_loadu_ps(keep, P + (i0 + t) * ldp + j0) : _mm512_setzero_ps();
-      transpose16(r);
-      std::uint16_t* const a = A + j0 * Kp + lead + i0;
-#pragma GCC unroll 16
-      for (int c = 0; c < 16; ++c)
-        if (c < cols) _mm256_storeu_si256(reinterpret_cast<__m256i*>(a + c * Kp), round_bf16(r[c]));
-    }
-  }
-  for (Index j = 0; j < m; ++j) {
-    std::uint16_t* a = A + j * Kp;
-    if (lead) a[0] = 0;
-    zero_tail(a, end, Kp);
-  }
-  memset(A + m * Kp, 0, sizeof(std::uint16_t) * kTileRows * Kp);
+  pack_columns(depth, m, lead, A, [&](auto whole, Index i, Index j0, __mmask16 keep) {
+    auto row = [&](Index r) {
+      return whole.value || r < depth ? _mm512_maskz_loadu_ps(keep, P + r * ldp + j0) : _mm512_setzero_ps();
+    };
+    return reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(row(i + 1), row(i)));  // row i's in the low half
+  });
 }
 
 // B from keys: pairs of depth are 32-bit values, so B is X's transpose as 32-bit values, 16 x 16
@@ -259,38 +298,14 @@ void pack_row_pairs(const std::uint16_t* X, Index n, Index D, Index ldc, std::ui
   }
 }
 
-// The same transpose for bf16 values: 16 x 16 blocks widened to the f32 bits they stand for,
-// transposed as f32, and narrowed back to their high halves (exactly the values read).
+// The same for a tile already rounded and packed by rows: its values copied, not rounded again.
 void pack_cols_of_rows(const std::uint16_t* X, Index n, Index m, Index Kx, Index xlead, Index lead, std::uint16_t* A) {
-  const Index Kp = padded_depth(lead + n), end = lead + (n + 15) / 16 * 16;
-  for (Index j0 = 0; j0 < m; j0 += 16) {
-    const Index cols = m - j0 < 16 ? m - j0 : 16;
-    const __mmask16 keep = first(cols);
-    for (Index i0 = 0; i0 < n; i0 += 16) {
-      __m512 r[16];
-#pragma GCC unroll 16
-      for (int t = 0; t < 16; ++t) {
-        // 16 values, whole (the lanes past m masked): the last may read one value past the row,
-        // the next row's lead or the zero rows after the last
-        const __m256i h = i0 + t < n ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(X + (i0 + t) * Kx + xlead + j0))
-                                     : _mm256_setzero_si256();
-        r[t] = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_maskz_cvtepu16_epi32(keep, h), 16));
-      }
-      transpose16(r);
-      std::uint16_t* const a = A + j0 * Kp + lead + i0;
-#pragma GCC unroll 16
-      for (int c = 0; c < 16; ++c)
-        if (c < cols)
-          _mm256_storeu_si256(reinterpret_cast<__m256i*>(a + c * Kp),
-                              _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(r[c]), 16)));
-    }
-  }
-  for (Index j = 0; j < m; ++j) {
-    std::uint16_t* a = A + j * Kp;
-    if (lead) a[0] = 0;
-    zero_tail(a, end, Kp);
-  }
-  memset(A + m * Kp, 0, sizeof(std::uint16_t) * kTileRows * Kp);
+  pack_columns(n, m, lead, A, [&](auto whole, Index i, Index j0, __mmask16 keep) {
+    auto row = [&](Index r) {
+      return whole.value || r < n ? _mm512_maskz_loadu_epi16(keep, X + r * Kx + xlead + j0) : _mm512_setzero_si512();
+    };
+    return _mm512_inserti64x4(row(i), _mm512_castsi512_si256(row(i + 1)), 1);  // row i's in the low half
+  });
 }
 
 TileScope::TileScope() {

@@ -21,14 +21,14 @@
 namespace ringattn::core::bf16dot {
 namespace {
 
-// x86-64: the CPU has AVX-512F and AVX512_BF16 (CPUID 7.1 EAX bit 5) and the OS saves the AVX-512
-// state. 64-bit Arm: Linux reports FEAT_BF16 (HWCAP2_BF16).
+// x86-64: the CPU has AVX-512F, AVX-512BW (the packers' word permutes) and AVX512_BF16 (CPUID 7.1
+// EAX bit 5) and the OS saves the AVX-512 state. 64-bit Arm: Linux reports FEAT_BF16 (HWCAP2_BF16).
 bool machine_allows() {
 #if defined(__x86_64__)
   if (!compiled()) return false;
   unsigned a = 0, b = 0, c = 0, d = 0;
   if (!__get_cpuid(1, &a, &b, &c, &d) || !(c & (1u << 27))) return false;  // OSXSAVE
-  if (!__get_cpuid_count(7, 0, &a, &b, &c, &d) || !(b & (1u << 16))) return false;  // AVX-512F
+  if (!__get_cpuid_count(7, 0, &a, &b, &c, &d) || !(b & (1u << 16)) || !(b & (1u << 30))) return false;  // F, BW
   if (a < 1 || !__get_cpuid_count(7, 1, &a, &b, &c, &d) || !(a & (1u << 5))) return false;  // AVX512_BF16
   unsigned lo = 0, hi = 0;
   __asm__("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
