@@ -601,6 +601,7 @@ void Exp2Values(bool f64, const double* x, double* y, Index n) {
   else exp2_values<float>(x, y, n);
 }
 const char* TargetName() { return hwy::TargetName(HWY_TARGET); }
+bool FusedMultiplyAdd() { return HWY_NATIVE_FMA != 0; }
 // Columns a score block covers at once (its row stride must round up to them), and the tiles.
 Index ColumnBlock(bool f64) {
   return f64 ? kScoreVecs * Index(hn::Lanes(Tag<double>())) : kScoreVecs * Index(hn::Lanes(Tag<float>()));
@@ -721,6 +722,7 @@ HWY_EXPORT(FmaPeak);
 HWY_EXPORT(TimePiece);
 HWY_EXPORT(Exp2Values);
 HWY_EXPORT(TargetName);
+HWY_EXPORT(FusedMultiplyAdd);
 HWY_EXPORT(ColumnBlock);
 HWY_EXPORT(DefaultTiling);
 
@@ -737,6 +739,7 @@ void exp2_values(DType t, const double* x, double* y, Index n) {
   HWY_DYNAMIC_DISPATCH(Exp2Values)(t == DType::f64, x, y, n);
 }
 std::string current() { return HWY_DYNAMIC_DISPATCH(TargetName)(); }
+bool fused_multiply_add() { return HWY_DYNAMIC_DISPATCH(FusedMultiplyAdd)(); }
 std::string kernels(DType t) {
   const std::string extra = t == DType::bf16 ? bf16_products() : "";
   return extra.empty() ? current() : current() + "+" + extra;

@@ -13,6 +13,8 @@ namespace ringattn::core::simd {
 
 // The target the kernels run on now ("AVX2").
 std::string current();
+// Whether that target's multiply-add is one fused operation, rounded once (Highway's HWY_NATIVE_FMA).
+bool fused_multiply_add();
 // What computes attention of storage type t: current(), with "+AMX", "+VDPBF16PS" or "+BFDOT" when
 // bf16 products run on those (bf16_products()).
 std::string kernels(DType t);
