@@ -47,7 +47,8 @@ constexpr Index kPanelBytes = 16384;
 
 enum class Epilogue { max, store, grad };
 
-// kScoreVecs vectors of columns [j, j + NV N) for MR rows of C = A BT over `depth`:
+// NV vectors of columns [j, j + NV N) for MR rows of C = A BT over `depth` (score_block: for each
+// of row_blocks blocks of MR rows, `blocks` such blocks of columns side by side):
 //   max:   S = C, and vmax[i] = max(vmax[i], C) over the lanes below `valid`;
 //   store: S = C;
 //   grad:  S = alpha P o (C - delta[i])  (P at the same place as S, row stride lds).
@@ -110,42 +111,55 @@ HWY_INLINE void score_out(D d, T* s, const T* p, T delta, T alpha, Index valid, 
 }
 
 template <Epilogue E, int MR, int NV, class D, class T = hn::TFromD<D>>
-HWY_NOINLINE void score_block(D d, const T* HWY_RESTRICT A, Index lda, Index depth, const T* HWY_RESTRICT BT,
-                              Index ldb, T* HWY_RESTRICT S, Index lds, const T* P, const T* delta, T alpha,
-                              Index valid, T* vmax) {
+HWY_NOINLINE void score_block(D d, const T* HWY_RESTRICT A0, Index lda, Index depth, const T* HWY_RESTRICT BT0,
+                              Index ldb, T* HWY_RESTRICT S0, Index lds, const T* P0, const T* delta0, T alpha,
+                              Index valid0, T* vmax0, Index row_blocks, Index blocks) {
   using V = hn::Vec<D>;
-  const Index N = static_cast<Index>(hn::Lanes(d));
-  RINGATTN_ACC_ROW(0) RINGATTN_ACC_ROW(1) RINGATTN_ACC_ROW(2) RINGATTN_ACC_ROW(3)
-  RINGATTN_ACC_ROW(4) RINGATTN_ACC_ROW(5) RINGATTN_ACC_ROW(6) RINGATTN_ACC_ROW(7)
-  // The last depth step is peeled: each row's outputs are stored right after its last FMAs, so the
-  // stores spread over that step instead of queueing behind it (on Zen 5, 24 zmm stores at the end
-  // of a depth-64 block cost 6% of its time; spread, 5%). The sums and their order are unchanged.
-  if (depth <= 0) {  // nothing to sum: the block's outputs are zeros
-    RINGATTN_SCORE_OUT(0) RINGATTN_SCORE_OUT(1) RINGATTN_SCORE_OUT(2) RINGATTN_SCORE_OUT(3)
-    RINGATTN_SCORE_OUT(4) RINGATTN_SCORE_OUT(5) RINGATTN_SCORE_OUT(6) RINGATTN_SCORE_OUT(7)
-    return;
+  const Index N = static_cast<Index>(hn::Lanes(d)), W = NV * N;
+  // All of them in one call: a call per block (and the dispatch on MR and NV before it) took 3-4% of
+  // an AVX2 forward at D=64 on AMD Zen 4
+  for (Index rb = 0; rb < row_blocks; ++rb) {
+    for (Index blk = 0; blk < blocks; ++blk) {
+      const T* A = A0 + rb * MR * lda;
+      const T* BT = BT0 + blk * W;
+      T* S = S0 + rb * MR * lds + blk * W;
+      const T* P = P0 ? P0 + rb * MR * lds + blk * W : nullptr;
+      const T* delta = delta0 ? delta0 + rb * MR : nullptr;
+      T* vmax = vmax0 ? vmax0 + rb * MR * N : nullptr;
+      const Index valid = valid0 - blk * W;
+      RINGATTN_ACC_ROW(0) RINGATTN_ACC_ROW(1) RINGATTN_ACC_ROW(2) RINGATTN_ACC_ROW(3)
+      RINGATTN_ACC_ROW(4) RINGATTN_ACC_ROW(5) RINGATTN_ACC_ROW(6) RINGATTN_ACC_ROW(7)
+      // The last depth step is peeled: each row's outputs are stored right after its last FMAs, so the
+      // stores spread over that step instead of queueing behind it (on Zen 5, 24 zmm stores at the end
+      // of a depth-64 block cost 6% of its time; spread, 5%). The sums and their order are unchanged.
+      if (depth <= 0) {  // nothing to sum: the block's outputs are zeros
+        RINGATTN_SCORE_OUT(0) RINGATTN_SCORE_OUT(1) RINGATTN_SCORE_OUT(2) RINGATTN_SCORE_OUT(3)
+        RINGATTN_SCORE_OUT(4) RINGATTN_SCORE_OUT(5) RINGATTN_SCORE_OUT(6) RINGATTN_SCORE_OUT(7)
+        continue;
+      }
+      Index k = 0;
+      auto step = [&](V& b0, V& b1, V& b2, V& b3) HWY_ATTR {
+        const T* b = BT + k * ldb;
+        b0 = hn::LoadU(d, b);
+        b1 = b2 = b3 = b0;
+        if constexpr (NV > 1) b1 = hn::LoadU(d, b + N);
+        if constexpr (NV > 2) b2 = hn::LoadU(d, b + 2 * N);
+        if constexpr (NV > 3) b3 = hn::LoadU(d, b + 3 * N);
+      };
+      for (; k + 1 < depth; ++k) {
+        V b0, b1, b2, b3;
+        step(b0, b1, b2, b3);
+        RINGATTN_FMA_ROW(0) RINGATTN_FMA_ROW(1) RINGATTN_FMA_ROW(2) RINGATTN_FMA_ROW(3)
+        RINGATTN_FMA_ROW(4) RINGATTN_FMA_ROW(5) RINGATTN_FMA_ROW(6) RINGATTN_FMA_ROW(7)
+      }
+      V b0, b1, b2, b3;
+      step(b0, b1, b2, b3);  // k = depth - 1
+      RINGATTN_FMA_ROW(0) RINGATTN_SCORE_OUT(0) RINGATTN_FMA_ROW(1) RINGATTN_SCORE_OUT(1)
+      RINGATTN_FMA_ROW(2) RINGATTN_SCORE_OUT(2) RINGATTN_FMA_ROW(3) RINGATTN_SCORE_OUT(3)
+      RINGATTN_FMA_ROW(4) RINGATTN_SCORE_OUT(4) RINGATTN_FMA_ROW(5) RINGATTN_SCORE_OUT(5)
+      RINGATTN_FMA_ROW(6) RINGATTN_SCORE_OUT(6) RINGATTN_FMA_ROW(7) RINGATTN_SCORE_OUT(7)
+    }
   }
-  Index k = 0;
-  auto step = [&](V& b0, V& b1, V& b2, V& b3) HWY_ATTR {
-    const T* b = BT + k * ldb;
-    b0 = hn::LoadU(d, b);
-    b1 = b2 = b3 = b0;
-    if constexpr (NV > 1) b1 = hn::LoadU(d, b + N);
-    if constexpr (NV > 2) b2 = hn::LoadU(d, b + 2 * N);
-    if constexpr (NV > 3) b3 = hn::LoadU(d, b + 3 * N);
-  };
-  for (; k + 1 < depth; ++k) {
-    V b0, b1, b2, b3;
-    step(b0, b1, b2, b3);
-    RINGATTN_FMA_ROW(0) RINGATTN_FMA_ROW(1) RINGATTN_FMA_ROW(2) RINGATTN_FMA_ROW(3)
-    RINGATTN_FMA_ROW(4) RINGATTN_FMA_ROW(5) RINGATTN_FMA_ROW(6) RINGATTN_FMA_ROW(7)
-  }
-  V b0, b1, b2, b3;
-  step(b0, b1, b2, b3);  // k = depth - 1
-  RINGATTN_FMA_ROW(0) RINGATTN_SCORE_OUT(0) RINGATTN_FMA_ROW(1) RINGATTN_SCORE_OUT(1)
-  RINGATTN_FMA_ROW(2) RINGATTN_SCORE_OUT(2) RINGATTN_FMA_ROW(3) RINGATTN_SCORE_OUT(3)
-  RINGATTN_FMA_ROW(4) RINGATTN_SCORE_OUT(4) RINGATTN_FMA_ROW(5) RINGATTN_SCORE_OUT(5)
-  RINGATTN_FMA_ROW(6) RINGATTN_SCORE_OUT(6) RINGATTN_FMA_ROW(7) RINGATTN_SCORE_OUT(7)
 }
 
 // Calls fn.template operator()<M>() with M = rows as a compile-time constant, 1 <= rows <= Max.
@@ -171,29 +185,39 @@ void scores(const A* Am, Index n, Index lda, Index depth, const A* BT, Index ldb
   const Index group = std::max<Index>(1, kPanelBytes / (depth * W * Index(sizeof(A)))) * W;
   if constexpr (E == Epilogue::max)
     for (Index e = 0; e < n * N; ++e) vmax[e] = -std::numeric_limits<A>::infinity();
-  for (Index j0 = 0; j0 < tk; j0 += group)
-    for (Index i0 = 0; i0 < n; i0 += kScoreRows) {
-      const Index mr = std::min<Index>(kScoreRows, n - i0);
-      for (Index j = j0; j < std::min(tk, j0 + group); j += W) {
-        // the last block of a row computes only the vectors that hold columns below tk (256 keys
-        // are 5 1/3 blocks of 3 zmm vectors: a whole sixth block would add 12% to the product)
-        const Index nv = std::min<Index>(kScoreVecs, (tk - j + N - 1) / N);
-        with_rows<kScoreVecs>(nv, [&]<int NV>() HWY_ATTR {
-          with_rows<kScoreRows>(mr, [&]<int MR>() HWY_ATTR {
-            score_block<E, MR, NV>(d, Am + i0 * lda, lda, depth, BT + j, ldb, S + i0 * lds + j, lds,
-                                   P ? P + i0 * lds + j : nullptr, delta ? delta + i0 : nullptr, alpha, tk - j,
-                                   vmax ? vmax + i0 * N : nullptr);
-          });
+  // Whole blocks of kScoreRows rows in one call, then the rows left; in each, the blocks of whole
+  // vectors of columns, then a last block of only the vectors that hold columns below tk (256 keys
+  // are 5 1/3 blocks of 3 zmm vectors: a whole sixth block would add 12% to the product).
+  auto rows = [&](Index i0, Index mr, Index row_blocks, Index j0, Index j1) HWY_ATTR {
+    for (Index j = j0; j < j1;) {
+      const Index nv = std::min<Index>(kScoreVecs, (tk - j + N - 1) / N);
+      Index blocks = 1;
+      if (nv == kScoreVecs)
+        while (j + blocks * W < j1 && tk - (j + blocks * W) > (kScoreVecs - 1) * N) ++blocks;
+      with_rows<kScoreVecs>(nv, [&]<int NV>() HWY_ATTR {
+        with_rows<kScoreRows>(mr, [&]<int MR>() HWY_ATTR {
+          score_block<E, MR, NV>(d, Am + i0 * lda, lda, depth, BT + j, ldb, S + i0 * lds + j, lds,
+                                 P ? P + i0 * lds + j : nullptr, delta ? delta + i0 : nullptr, alpha, tk - j,
+                                 vmax ? vmax + i0 * N : nullptr, row_blocks, blocks);
         });
-      }
+      });
+      j += blocks * W;
     }
+  };
+  const Index whole = n / kScoreRows * kScoreRows;
+  for (Index j0 = 0; j0 < tk; j0 += group) {
+    const Index j1 = std::min(tk, j0 + group);
+    if (whole > 0) rows(0, kScoreRows, whole / kScoreRows, j0, j1);
+    if (whole < n) rows(whole, n - whole, 1, j0, j1);
+  }
   if constexpr (E == Epilogue::max)
     for (Index i = 0; i < n; ++i) rmax[i] = hn::GetLane(hn::MaxOfLanes(d, hn::LoadU(d, vmax + i * N)));
 }
 
 // ---- sweep 3 (and the backward's products): accumulate ----------------------------------------------
 
-// MR rows and NV vectors of columns of O = c O + A B over `depth` (B rows of stride ldb): the
+// MR rows and NV vectors of columns of O = c O + A B over `depth` (B rows of stride ldb; acc_block:
+// row_blocks blocks of MR rows, each against `blocks` such blocks of columns side by side): the
 // products are summed from zero in registers, then O is loaded, scaled and added in one FMA, so the
 // loads of O never stall the chains. A(i, k) is
 // A[i lda + k], or A[k lda + i] when kTrans. c may be null (no rescale).
@@ -216,24 +240,32 @@ void scores(const A* Am, Index n, Index lda, Index depth, const A* BT, Index ldb
   }
 
 template <bool kTrans, int MR, int NV, class D, class T = hn::TFromD<D>>
-HWY_NOINLINE void acc_block(D d, const T* HWY_RESTRICT Am, Index lda, Index depth, const T* HWY_RESTRICT B,
-                            Index ldb, const T* c, T* HWY_RESTRICT O, Index ldo) {
+HWY_NOINLINE void acc_block(D d, const T* HWY_RESTRICT A0, Index lda, Index depth, const T* HWY_RESTRICT B0,
+                            Index ldb, const T* c0, T* HWY_RESTRICT O0, Index ldo, Index row_blocks, Index blocks) {
   using V = hn::Vec<D>;
-  const Index N = static_cast<Index>(hn::Lanes(d));
-  RINGATTN_ACC_ROW(0) RINGATTN_ACC_ROW(1) RINGATTN_ACC_ROW(2) RINGATTN_ACC_ROW(3)
-  RINGATTN_ACC_ROW(4) RINGATTN_ACC_ROW(5) RINGATTN_ACC_ROW(6) RINGATTN_ACC_ROW(7)
-  for (Index k = 0; k < depth; ++k) {
-    const T* b = B + k * ldb;
-    const V b0 = hn::LoadU(d, b);
-    V b1 = b0, b2 = b0, b3 = b0;
-    if constexpr (NV > 1) b1 = hn::LoadU(d, b + N);
-    if constexpr (NV > 2) b2 = hn::LoadU(d, b + 2 * N);
-    if constexpr (NV > 3) b3 = hn::LoadU(d, b + 3 * N);
-    RINGATTN_ACC_FMA(0) RINGATTN_ACC_FMA(1) RINGATTN_ACC_FMA(2) RINGATTN_ACC_FMA(3)
-    RINGATTN_ACC_FMA(4) RINGATTN_ACC_FMA(5) RINGATTN_ACC_FMA(6) RINGATTN_ACC_FMA(7)
+  const Index N = static_cast<Index>(hn::Lanes(d)), W = NV * N;
+  for (Index rb = 0; rb < row_blocks; ++rb) {  // in one call, as score_block's
+    for (Index blk = 0; blk < blocks; ++blk) {
+      const T* Am = kTrans ? A0 + rb * MR : A0 + rb * MR * lda;
+      const T* B = B0 + blk * W;
+      const T* c = c0 ? c0 + rb * MR : nullptr;
+      T* O = O0 + rb * MR * ldo + blk * W;
+      RINGATTN_ACC_ROW(0) RINGATTN_ACC_ROW(1) RINGATTN_ACC_ROW(2) RINGATTN_ACC_ROW(3)
+      RINGATTN_ACC_ROW(4) RINGATTN_ACC_ROW(5) RINGATTN_ACC_ROW(6) RINGATTN_ACC_ROW(7)
+      for (Index k = 0; k < depth; ++k) {
+        const T* b = B + k * ldb;
+        const V b0 = hn::LoadU(d, b);
+        V b1 = b0, b2 = b0, b3 = b0;
+        if constexpr (NV > 1) b1 = hn::LoadU(d, b + N);
+        if constexpr (NV > 2) b2 = hn::LoadU(d, b + 2 * N);
+        if constexpr (NV > 3) b3 = hn::LoadU(d, b + 3 * N);
+        RINGATTN_ACC_FMA(0) RINGATTN_ACC_FMA(1) RINGATTN_ACC_FMA(2) RINGATTN_ACC_FMA(3)
+        RINGATTN_ACC_FMA(4) RINGATTN_ACC_FMA(5) RINGATTN_ACC_FMA(6) RINGATTN_ACC_FMA(7)
+      }
+      RINGATTN_STORE_ROW(0) RINGATTN_STORE_ROW(1) RINGATTN_STORE_ROW(2) RINGATTN_STORE_ROW(3)
+      RINGATTN_STORE_ROW(4) RINGATTN_STORE_ROW(5) RINGATTN_STORE_ROW(6) RINGATTN_STORE_ROW(7)
+    }
   }
-  RINGATTN_STORE_ROW(0) RINGATTN_STORE_ROW(1) RINGATTN_STORE_ROW(2) RINGATTN_STORE_ROW(3)
-  RINGATTN_STORE_ROW(4) RINGATTN_STORE_ROW(5) RINGATTN_STORE_ROW(6) RINGATTN_STORE_ROW(7)
 }
 
 // O [rows, Dc] = diag(c) O + A B (kTrans: A^T B), over `depth`; B [depth, Dc] row stride ldb, O row
@@ -248,20 +280,27 @@ void accumulate(const A* Am, Index rows, Index lda, Index depth, const A* B, Ind
   // Groups of column blocks whose B panel (depth x group) fits half of L1 outer, row blocks inner,
   // each row block meeting every column block of the group: A's rows and the panel stay in L1.
   const Index group = std::max<Index>(1, kPanelBytes / (depth * kAccVecs * N * Index(sizeof(A)))) * kAccVecs;
-  for (Index g0 = 0; g0 < vecs; g0 += group)
-    for (Index i0 = 0; i0 < rows; i0 += kAccRows) {
-      const Index mr = std::min<Index>(kAccRows, rows - i0);
-      const A* a = kTrans ? Am + i0 : Am + i0 * lda;
-      for (Index v0 = g0; v0 < std::min(vecs, g0 + group); v0 += kAccVecs) {
-        const Index nv = std::min<Index>(kAccVecs, vecs - v0);
-        with_rows<kAccVecs>(nv, [&]<int NV>() HWY_ATTR {
-          with_rows<kAccRows>(mr, [&]<int MR>() HWY_ATTR {
-            acc_block<kTrans, MR, NV>(d, a, lda, depth, B + v0 * N, ldb, c ? c + i0 : nullptr, O + i0 * ldo + v0 * N,
-                                      ldo);
-          });
+  // whole blocks of kAccRows rows in one call, then the rows left; in each, the whole blocks of
+  // kAccVecs vectors, then the vectors left
+  auto block_rows = [&](Index i0, Index mr, Index row_blocks, Index g0, Index g1) HWY_ATTR {
+    const A* a = kTrans ? Am + i0 : Am + i0 * lda;
+    for (Index v0 = g0; v0 < g1;) {
+      const Index nv = std::min<Index>(kAccVecs, g1 - v0), blocks = nv == kAccVecs ? (g1 - v0) / kAccVecs : 1;
+      with_rows<kAccVecs>(nv, [&]<int NV>() HWY_ATTR {
+        with_rows<kAccRows>(mr, [&]<int MR>() HWY_ATTR {
+          acc_block<kTrans, MR, NV>(d, a, lda, depth, B + v0 * N, ldb, c ? c + i0 : nullptr, O + i0 * ldo + v0 * N,
+                                    ldo, row_blocks, blocks);
         });
-      }
+      });
+      v0 += blocks * nv;
     }
+  };
+  const Index whole = rows / kAccRows * kAccRows;
+  for (Index g0 = 0; g0 < vecs; g0 += group) {
+    const Index g1 = std::min(vecs, g0 + group);
+    if (whole > 0) block_rows(0, kAccRows, whole / kAccRows, g0, g1);
+    if (whole < rows) block_rows(whole, rows - whole, 1, g0, g1);
+  }
   for (Index col = vecs * N; col < Dc; ++col)
     for (Index i = 0; i < rows; ++i) {
       A acc = 0;
