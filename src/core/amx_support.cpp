@@ -17,9 +17,9 @@ namespace ringattn::core::amx {
 namespace {
 
 // The CPU has AMX-TILE, AMX-BF16, AVX-512F and BW (the packers' word permutes) and AVX512_BF16
-// (whose vcvtneps2bf16 the packers of Precision::bf16 round with), the OS saves AVX-512 and tile
-// state (XCR0), and Linux grants this process the tile data (arch_prctl ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA):
-// without that grant the first tile instruction would fault.
+// (whose vcvtneps2bf16 and vcvtne2ps2bf16 the packers of Precision::bf16 round with), the OS saves
+// AVX-512 and tile state (XCR0), and Linux grants this process the tile data (arch_prctl
+// ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA): without that grant the first tile instruction would fault.
 bool machine_allows() {
 #if defined(__x86_64__) && defined(__linux__)
   if (!compiled()) return false;

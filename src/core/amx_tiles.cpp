@@ -27,7 +27,8 @@ void pack_pairs_by_value(const std::uint16_t* X, Index tk, Index D, Index ldk, s
 }  // namespace
 }  // namespace ringattn::core::amx
 
-#if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512F__) && defined(__AVX512BF16__)
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512F__) && defined(__AVX512BW__) && \
+    defined(__AVX512BF16__)
 #include <immintrin.h>
 #include <string.h>
 

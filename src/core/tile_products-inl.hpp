@@ -116,8 +116,8 @@ HWY_NOINLINE void score_block(D d, const T* HWY_RESTRICT A0, Index lda, Index de
                               Index valid0, T* vmax0, Index row_blocks, Index blocks) {
   using V = hn::Vec<D>;
   const Index N = static_cast<Index>(hn::Lanes(d)), W = NV * N;
-  // All of them in one call: a call per block (and the dispatch on MR and NV before it) took 3-4% of
-  // an AVX2 forward at D=64 on AMD Zen 4
+  // All of them in one call: a call per block (and the dispatch on MR and NV before it) took about
+  // 4% of an AVX2 forward at D=64 on AMD Zen 4
   for (Index rb = 0; rb < row_blocks; ++rb) {
     for (Index blk = 0; blk < blocks; ++blk) {
       const T* A = A0 + rb * MR * lda;
@@ -186,8 +186,8 @@ void scores(const A* Am, Index n, Index lda, Index depth, const A* BT, Index ldb
   if constexpr (E == Epilogue::max)
     for (Index e = 0; e < n * N; ++e) vmax[e] = -std::numeric_limits<A>::infinity();
   // Whole blocks of kScoreRows rows in one call, then the rows left; in each, the blocks of whole
-  // vectors of columns, then a last block of only the vectors that hold columns below tk (256 keys
-  // are 5 1/3 blocks of 3 zmm vectors: a whole sixth block would add 12% to the product).
+  // vectors of columns, then a last block of only the vectors that hold columns below tk (tk need
+  // not be a multiple of the block's columns: on NEON, 256 keys are 21 1/3 blocks of 3 vectors).
   auto rows = [&](Index i0, Index mr, Index row_blocks, Index j0, Index j1) HWY_ATTR {
     for (Index j = j0; j < j1;) {
       const Index nv = std::min<Index>(kScoreVecs, (tk - j + N - 1) / N);
