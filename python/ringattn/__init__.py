@@ -315,6 +315,43 @@ def _agreed_signature(fn, comm_of=lambda args, kwargs: kwargs.get("comm")):
     return call
 
 
+class _Unbound:
+    """What a KVCache call gets in place of each positional argument on a rank that could not bind
+    its arguments: the call still joins its peers' collectives, and its first check raises
+    `message` in their agreement."""
+
+    def __init__(self, message):
+        self.message = message
+
+    @staticmethod
+    def check(x):
+        if isinstance(x, _Unbound):
+            raise InputError(x.message)
+
+
+def _agreed_binding(method):
+    """A KVCache method (or its constructor) whose call this rank cannot bind (an unknown keyword,
+    a missing or an extra argument) raises InputError on every rank of the cache's communicator, as
+    attention() does, instead of a TypeError on this rank alone. The method runs with _Unbound in
+    place of its positional arguments (and with the keywords comm and timeout as given, which the
+    constructor's agreement needs); the first argument it checks raises the refusal."""
+    sig = inspect.signature(method)
+    positional = [p for p in sig.parameters.values() if p.kind is p.POSITIONAL_OR_KEYWORD][1:]  # after self
+    kept = [name for name in ("comm", "timeout") if name in sig.parameters]
+    name = "ringattn.KVCache()" if method.__name__ == "__init__" else method.__qualname__
+
+    @functools.wraps(method)
+    def call(self, *args, **kwargs):
+        try:
+            sig.bind(self, *args, **kwargs)
+        except TypeError as e:
+            refusal = _Unbound(f"{name}: {e}")
+            return method(self, *[refusal] * len(positional), **{k: kwargs[k] for k in kept if k in kwargs})
+        return method(self, *args, **kwargs)
+
+    return call
+
+
 def _differentiable_once(backward):
     """A backward whose gradients raise when differentiated again. torch's once_differentiable
     marks them only when an incoming gradient requires grad; under create_graph=True with plain
@@ -487,14 +524,18 @@ class KVCache:
       all-gather, the states merged in rank order); the same choice as `ringattn decode --merge`.
     O is computed in float64 for a float64 cache and float32 otherwise, and returned in the cache's
     dtype (rounded once, as attention() does) or in out_dtype; LSE stays float64 or float32. No
-    autograd: this is inference.
+    autograd: this is inference. Every call is collective over comm, and one rank's bad argument
+    (an unknown keyword, a missing argument, a tensor of another shape) raises InputError on every
+    rank, as attention()'s does.
     """
 
+    @_agreed_binding
     def __init__(self, batch, heads, kv_heads, head_dim, *, dtype=torch.float32, layout="auto", window=None,
                  scale=None, capacity=None, comm=None, timeout=None, out_dtype=None, merge="allreduce"):
         agree_over, comm_error = _Prepared._communicator(comm)
 
         def arguments():
+            _Unbound.check(batch)
             if comm_error:
                 raise InputError(comm_error)
             if not isinstance(dtype, torch.dtype):
@@ -525,29 +566,45 @@ class KVCache:
         """Positions in the cache, over all ranks."""
         return self._c.length
 
-    def _checked(self, name, t, heads, length):
-        B, _, _, D = self._shape
-        rank = self._comm.rank
+    def _length(self, name, t):
+        """t's second dimension, its positions, once t is a 4-d CPU tensor of the cache's dtype."""
+        _Unbound.check(t)
         if not isinstance(t, torch.Tensor) or t.dtype != self._dtype or t.device.type != "cpu":
             got = (f"a {type(t).__name__}" if not isinstance(t, torch.Tensor)
                    else f"a {str(t.dtype).replace('torch.', '')} tensor on {t.device}")
-            raise InputError(f"{name}: rank {rank} gave {got} (expected a CPU tensor of the cache's dtype "
+            raise InputError(f"{name}: rank {self._comm.rank} gave {got} (expected a CPU tensor of the cache's dtype "
                              f"{self._dtype})")
-        if t.dim() != 4 or t.shape[0] != B or t.shape[1] != length or t.shape[2] != heads or t.shape[3] != D:
-            raise InputError(f"{name}: rank {rank} gave shape {list(t.shape)} (expected [{B}, {length}, {heads}, {D}])")
+        if t.dim() != 4:
+            raise InputError(f"{name}: rank {self._comm.rank} gave shape {list(t.shape)} (expected 4 dimensions: "
+                             f"[batch, positions, heads, head_dim])")
+        return t.shape[1]
+
+    def _checked(self, name, t, heads, length):
+        B, _, _, D = self._shape
+        self._length(name, t)
+        if t.shape[0] != B or t.shape[1] != length or t.shape[2] != heads or t.shape[3] != D:
+            raise InputError(f"{name}: rank {self._comm.rank} gave shape {list(t.shape)} "
+                             f"(expected [{B}, {length}, {heads}, {D}])")
         return t.detach().contiguous()
 
     def _tensors(self, q, k, v, length):
         B, H, HKV, D = self._shape
         return self._checked("q", q, H, length), self._checked("k", k, HKV, length), self._checked("v", v, HKV, length)
 
+    def _prompt_len(self, name, t, prompt_len, what):
+        """The prompt's length: prompt_len, or the sum of every rank's positions in t. Two
+        agreements, each on every rank whether prompt_len is given or not: that every rank's t
+        has positions to count, then their sum."""
+        L = _agree(self._comm, lambda: self._length(name, t), self._watchdog, what)
+        total = _watched_sum(self._comm, L, self._watchdog, what)
+        return total if prompt_len is None else prompt_len
+
+    @_agreed_binding
     def prefill(self, q, k, v, *, prompt_len=None, return_lse=False):
         """This rank's shard of the prompt (the positions positions(prompt_len) lists); without
         prompt_len, the prompt is every rank's q positions together."""
         B, H, HKV, D = self._shape
-        L = q.shape[1] if isinstance(q, torch.Tensor) and q.dim() == 4 else -1
-        total = _watched_sum(self._comm, max(L, 0), self._watchdog, "KVCache.prefill")  # every rank, given or not
-        S0 = total if prompt_len is None else prompt_len
+        S0 = self._prompt_len("q", q, prompt_len, "KVCache.prefill")
 
         def tensors():
             L0 = len(self._c.positions(_int("prompt_len", S0)))
@@ -559,14 +616,13 @@ class KVCache:
         o = o.to(self._out)
         return (o, lse) if return_lse else o
 
+    @_agreed_binding
     def load(self, k, v, *, prompt_len=None):
         """This rank's shard of the prompt's K/V (the positions positions(prompt_len) lists), kept
         without attending: K/V computed elsewhere, or a prompt too long to attend here. Instead of
         prefill(), once, before any decode."""
         B, H, HKV, D = self._shape
-        L = k.shape[1] if isinstance(k, torch.Tensor) and k.dim() == 4 else -1
-        total = _watched_sum(self._comm, max(L, 0), self._watchdog, "KVCache.load")  # every rank, given or not
-        S0 = total if prompt_len is None else prompt_len
+        S0 = self._prompt_len("k", k, prompt_len, "KVCache.load")
 
         def tensors():
             L0 = len(self._c.positions(_int("prompt_len", S0)))
@@ -575,13 +631,14 @@ class KVCache:
         k, v = _agree(self._comm, tensors, self._watchdog, "KVCache.load")
         self._c.load(S0, k.data_ptr(), v.data_ptr())
 
+    @_agreed_binding
     def decode(self, q, k, v, *, return_lse=False):
         """T new tokens, the same on every rank: O [B, T, H, D] (and LSE [B, H, T]), the same bits on
         every rank."""
         B, H, HKV, D = self._shape
 
         def tensors():
-            T = q.shape[1] if isinstance(q, torch.Tensor) and q.dim() == 4 else -1
+            T = self._length("q", q)
             q_, k_, v_ = self._tensors(q, k, v, T)
             return q_, k_, v_, torch.empty((B, T, H, D), dtype=self._acc), torch.empty((B, H, T), dtype=self._acc)
 

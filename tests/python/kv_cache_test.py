@@ -209,6 +209,26 @@ def main():
                  1, 2, 1, 8, dtype=torch.int32 if RANK == N - 1 else torch.float64), "dtype"),
              raises("an unhashable dtype on one rank", lambda: ringattn.KVCache(
                  1, 2, 1, 8, dtype=[torch.float64] if RANK == N - 1 else torch.float64), "dtype"),
+             # a call one rank cannot bind raises on every rank, as attention()'s does, not a TypeError there alone
+             raises("a positional return_lse on the last rank", lambda: cache.decode(
+                 t(1, 2), t(1, 1), t(1, 1), *((True,) if RANK == N - 1 else ())),
+                 "KVCache.decode: too many positional arguments"),
+             raises("an unknown keyword to prefill on the last rank", lambda: ringattn.KVCache(
+                 1, 2, 1, 8, dtype=torch.float64, timeout=30).prefill(
+                     *(t(len(pos), h) for h in (2, 1, 1)), **({"prompt": 10} if RANK == N - 1 else {})),
+                 "KVCache.prefill: got an unexpected keyword argument 'prompt'"),
+             raises("load without v on the last rank", lambda: ringattn.KVCache(
+                 1, 2, 1, 8, dtype=torch.float64, timeout=30).load(
+                     *(t(len(pos), 1) for _ in range(1 if RANK == N - 1 else 2)), prompt_len=10),
+                 "KVCache.load: missing a required argument: 'v'"),
+             raises("KVCache() without head_dim on the last rank", lambda: ringattn.KVCache(
+                 1, 2, 1, *(() if RANK == N - 1 else (8,)), timeout=30),
+                 "ringattn.KVCache(): missing a required argument: 'head_dim'"),
+             # without prompt_len, the prompt's length is counted only once every rank's q can be read
+             raises("a prompt q of 3 dimensions on the last rank", lambda: ringattn.KVCache(
+                 1, 2, 1, 8, dtype=torch.float64, timeout=30).prefill(
+                     *(t(len(pos), h)[0] if RANK == N - 1 and h == 2 else t(len(pos), h) for h in (2, 1, 1))),
+                 ", 2, 8] (expected 4 dimensions: [batch, positions, heads, head_dim])"),
              prompt_len_on_one_rank(x[:, pos], kv[:, pos]),
              raises("another merge on one rank", lambda: ringattn.KVCache(
                  1, 2, 1, 8, dtype=torch.float64, merge="gather" if RANK == N - 1 else "allreduce").prefill(
