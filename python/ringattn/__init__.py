@@ -263,11 +263,12 @@ class _Prepared:
         return MPI.COMM_WORLD, f"comm: {what}, not an mpi4py intracommunicator (expected e.g. MPI.COMM_WORLD)"
 
     @classmethod
-    def refused(cls, comm, error):
-        """A call this rank cannot make: its error (or its communicator's), agreed by call()."""
+    def refused(cls, comm, error, failure=False):
+        """A call this rank cannot make: its error (or its communicator's), agreed by call();
+        `failure` when it is not bad input."""
         p = cls.__new__(cls)
         p.comm, comm_error = cls._communicator(comm)
-        p.error, p.failure = comm_error or error, False
+        p.error, p.failure = comm_error or error, failure and not comm_error
         p.shapes, p.dtypes, p.tensors = [[], [], []], ["?"] * 3, None
         p.args = _default_args()
         return p
@@ -286,6 +287,33 @@ class _Prepared:
                      self.error, self.failure, a["causal"], a["window"], a["doc_lens"], a["layout"], a["partition"],
                      a["scale"], a["rope"], a["strategy"], a["ulysses_degree"], a["kv_head_group"], a["timeout"],
                      a["softcap"], a["sinks"], a["cu_seqlens"], a["precision"])
+
+
+def _autocast_dtype():
+    """The dtype of an enabled CPU autocast region around this call, else None."""
+    try:  # torch >= 2.4 names the device
+        on, dtype = torch.is_autocast_enabled("cpu"), torch.get_autocast_dtype("cpu")
+    except (TypeError, AttributeError):
+        on, dtype = torch.is_autocast_cpu_enabled(), torch.get_autocast_cpu_dtype()
+    return dtype if on else None
+
+
+def _autocast(tensors, comm):
+    """The tensors as CPU autocast gives them to scaled_dot_product_attention: float32 CPU tensors
+    cast to the autocast dtype (a cast autograd records, so their gradients come back in float32),
+    the others as given. A rank that cannot cast (out of memory) raises RuntimeFailure on every
+    rank of comm."""
+    dtype = _autocast_dtype()
+    if dtype is None:
+        return tensors
+    try:
+        return tuple(t.to(dtype) if isinstance(t, torch.Tensor) and t.dtype == torch.float32 and
+                     t.device.type == "cpu" and t.layout == torch.strided else t for t in tensors)
+    except Exception as e:
+        agree_over = _Prepared._communicator(comm)[0]
+        _Prepared.refused(comm, _failure(f"casting q, k, v to the autocast dtype {dtype}", e, agree_over),
+                          failure=True).call()  # raises on every rank
+        raise AssertionError("ringattn: the ranks agreed on a call this rank cannot make")  # not reached
 
 
 def _failure(what, e, comm):
@@ -446,6 +474,7 @@ def attention_lse(q, k, v, *, seq_len=None, causal=False, window=None, doc_lens=
     float64 for float64 inputs and float32 otherwise, whatever out_dtype, and differentiable: a loss
     that uses it (a z-loss, a merge with another attention) sends its gradient into q and k (and the
     sinks)."""
+    q, k, v = _autocast((q, k, v), comm)
     p = _Prepared(q, k, v, dict(seq_len=seq_len, causal=causal, window=window, doc_lens=doc_lens, layout=layout,
                                 partition=partition, scale=scale, rope=rope, strategy=strategy,
                                 ulysses_degree=ulysses_degree, kv_head_group=kv_head_group, timeout=timeout,
@@ -498,6 +527,9 @@ def attention(q, k, v, *, seq_len=None, causal=False, window=None, doc_lens=None
       their products (P v, P^T dO, dS k, dS^T q), as FlashAttention and PyTorch's own bf16 attention
       do, so every product runs on bf16 dot products (AMX tiles where the CPU has them); softmax
       statistics and sums stay float32.
+    Inside torch.autocast("cpu"), float32 q, k, v are cast to the autocast dtype first, as
+    scaled_dot_product_attention's are: O comes in that dtype (or in out_dtype), and the gradients
+    reach the float32 tensors in float32 through the casts.
     O is differentiable once: its backward runs the distributed backward (collective over comm)
     and fills q.grad, k.grad, v.grad; differentiating those again raises.
     """

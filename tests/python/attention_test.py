@@ -9,7 +9,8 @@ own positions; it runs ringattn.attention on its shard and compares O, LSE, dq, 
 Tolerances relative to max |ref|: f64 1e-10, f32 3e-4. bf16 and f16 inputs give O in their own
 dtype: it must be the float32 O (out_dtype=torch.float32, checked at 3e-4) rounded once, bit for
 bit as torch's .to() rounds it, and within one ulp of torch's rounding of the float64 reference;
-its backward takes the 16-bit gradient autograd gives it. Then the bad arguments: each must raise
+its backward takes the 16-bit gradient autograd gives it. Inside torch.autocast("cpu"), float32
+inputs must give what the same inputs cast to bfloat16 by hand give. Then the bad arguments: each must raise
 ringattn.InputError with the same message on every rank, and the next call must still work.
 Exit 0 only when every case passes on every rank.
 """
@@ -212,6 +213,38 @@ def run_strategy_case(strategy, U, name, kw):
         return True
 
 
+def autocast_case():
+    """Inside torch.autocast("cpu", dtype=torch.bfloat16), float32 q, k, v are cast first, as
+    scaled_dot_product_attention's are: O is bfloat16 and bit for bit the O of q, k, v cast by hand,
+    and the gradients reach the float32 tensors in float32, bit for bit that call's bfloat16
+    gradients widened. float64 tensors are not cast, and ranks that differ in autocast raise."""
+    S, H, D = 20, 2, 8
+    pos = torch.from_numpy(ringattn.positions(S, N, RANK, "zigzag"))
+    g = torch.Generator().manual_seed(7)
+    q, k, v, do = (torch.randn(1, S, H, D, generator=g)[:, pos] for _ in range(4))
+    args = dict(seq_len=S, causal=True, layout="zigzag")
+    leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        o = ringattn.attention(*leaves, **args)
+    (o * do.to(o.dtype)).sum().backward()
+    by_hand = [t.to(torch.bfloat16).requires_grad_(True) for t in (q, k, v)]
+    o_hand = ringattn.attention(*by_hand, **args)
+    (o_hand * do.to(o_hand.dtype)).sum().backward()
+    ok = o.dtype == torch.bfloat16 and torch.equal(o, o_hand) and all(
+        a.grad.dtype == torch.float32 and torch.equal(a.grad, b.grad.float()) for a, b in zip(leaves, by_hand))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        ok = ok and ringattn.attention(*(t.double() for t in (q, k, v)), **args).dtype == torch.float64
+    ok = COMM.allreduce(int(ok), op=MPI.MIN) == 1
+    if RANK == 0:
+        print(f"{'ok ' if ok else 'BAD'} N={N} autocast bf16: O and gradients as for q, k, v cast by hand", flush=True)
+    if N > 1:
+        def one_rank_in_autocast():
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=RANK == 0):
+                ringattn.attention(q, k, v, **args)
+        ok = expect_raise("autocast on rank 0 only", one_rank_in_autocast, "ranks disagree on the dtype") and ok
+    return ok
+
+
 # ---- bad arguments ----------------------------------------------------------------------------
 
 def expect_raise(name, fn, needle):
@@ -329,6 +362,8 @@ def main():
                            layout="zigzag", layout_in_call=False)
     failed += not run_case("contiguous positions, default layout, windowed", S=19, H=2, D=8, causal=True,
                            window=5, layout="contiguous", layout_in_call=False)
+    if a.k in "autocast":
+        failed += not autocast_case()
     for name, fn, needle in bad_argument_cases():
         if a.k in name or a.k == "":
             failed += not expect_raise(name, fn, needle)
