@@ -98,7 +98,10 @@ def _int_list(name, xs):
 def _number(name, x):
     if isinstance(x, bool) or not isinstance(x, numbers.Real):
         raise InputError(f"{name}: {x!r} is not a number")
-    return float(x)
+    try:
+        return float(x)
+    except OverflowError:  # an integer beyond float's range, 10**400
+        raise InputError(f"{name}: {x} does not fit a float (expected |{name}| < 2**1024)") from None
 
 
 def _number_or_none(name, x):
@@ -299,16 +302,20 @@ def _autocast_dtype():
 
 
 def _autocast(tensors, comm):
-    """The tensors as CPU autocast gives them to scaled_dot_product_attention: float32 CPU tensors
-    cast to the autocast dtype (a cast autograd records, so their gradients come back in float32),
-    the others as given. A rank that cannot cast (out of memory) raises RuntimeFailure on every
-    rank of comm."""
+    """The tensors as CPU autocast gives them to scaled_dot_product_attention: floating CPU tensors
+    other than float64 cast to the autocast dtype (a cast autograd records, so their gradients come
+    back in their own dtype), the others as given. A rank that cannot cast (out of memory) raises
+    RuntimeFailure on every rank of comm."""
     dtype = _autocast_dtype()
     if dtype is None:
         return tensors
+
+    def cast(t):
+        return (isinstance(t, torch.Tensor) and t.dtype.is_floating_point and t.dtype != torch.float64
+                and t.device.type == "cpu" and t.layout == torch.strided)
+
     try:
-        return tuple(t.to(dtype) if isinstance(t, torch.Tensor) and t.dtype == torch.float32 and
-                     t.device.type == "cpu" and t.layout == torch.strided else t for t in tensors)
+        return tuple(t.to(dtype) if cast(t) else t for t in tensors)
     except Exception as e:
         agree_over = _Prepared._communicator(comm)[0]
         _Prepared.refused(comm, _failure(f"casting q, k, v to the autocast dtype {dtype}", e, agree_over),
@@ -369,7 +376,7 @@ def _agreed_binding(method):
     name = "ringattn.KVCache()" if method.__name__ == "__init__" else method.__qualname__
 
     @functools.wraps(method)
-    def call(self, *args, **kwargs):
+    def call(self, /, *args, **kwargs):  # a keyword named self is the call's to refuse, not this wrapper's
         try:
             sig.bind(self, *args, **kwargs)
         except TypeError as e:
@@ -527,9 +534,9 @@ def attention(q, k, v, *, seq_len=None, causal=False, window=None, doc_lens=None
       their products (P v, P^T dO, dS k, dS^T q), as FlashAttention and PyTorch's own bf16 attention
       do, so every product runs on bf16 dot products (AMX tiles where the CPU has them); softmax
       statistics and sums stay float32.
-    Inside torch.autocast("cpu"), float32 q, k, v are cast to the autocast dtype first, as
-    scaled_dot_product_attention's are: O comes in that dtype (or in out_dtype), and the gradients
-    reach the float32 tensors in float32 through the casts.
+    Inside torch.autocast("cpu"), q, k, v of any floating dtype but float64 are cast to the
+    autocast dtype first, as scaled_dot_product_attention's are: O comes in that dtype (or in
+    out_dtype), and the gradients reach float32 tensors in float32 through the casts.
     O is differentiable once: its backward runs the distributed backward (collective over comm)
     and fills q.grad, k.grad, v.grad; differentiating those again raises.
     """
@@ -625,8 +632,8 @@ class KVCache:
 
     def _prompt_len(self, name, t, prompt_len, what):
         """The prompt's length: prompt_len, or the sum of every rank's positions in t. Two
-        agreements, each on every rank whether prompt_len is given or not: that every rank's t
-        has positions to count, then their sum."""
+        collectives, on every rank whether prompt_len is given or not: the agreement that every
+        rank's t has positions to count, then their sum."""
         L = _agree(self._comm, lambda: self._length(name, t), self._watchdog, what)
         total = _watched_sum(self._comm, L, self._watchdog, what)
         return total if prompt_len is None else prompt_len
@@ -688,8 +695,11 @@ _DEFAULT_WATCHDOG = 300.0
 def _watchdog(timeout):
     """The seconds a KVCache agreement waits for its peers: `timeout` when it is one (0: no
     watchdog), else the default (the cache's own checks report a bad timeout)."""
-    ok = isinstance(timeout, numbers.Real) and not isinstance(timeout, bool) and math.isfinite(timeout) and timeout >= 0
-    return float(timeout) if ok else _DEFAULT_WATCHDOG
+    try:  # float(): an integer too large for a float (10**400) is no timeout, not an OverflowError here
+        ok = isinstance(timeout, numbers.Real) and not isinstance(timeout, bool) and math.isfinite(float(timeout))
+    except OverflowError:
+        ok = False
+    return float(timeout) if ok and timeout >= 0 else _DEFAULT_WATCHDOG
 
 
 def _agree(comm, fn, timeout, what):

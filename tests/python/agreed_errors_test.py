@@ -49,6 +49,23 @@ def oom_on_last_rank():
             resource.setrlimit(resource.RLIMIT_AS, old)
 
 
+def cast_fails_on_last_rank(q, k, v, c):
+    """Inside torch.autocast("cpu"), the cast of float32 q, k, v to bfloat16 fails on the last rank
+    (Tensor.to made to raise MemoryError there)."""
+    to = torch.Tensor.to
+
+    def failing(self, *args, **kwargs):
+        raise MemoryError("no memory for the cast")
+
+    try:
+        if LAST:
+            torch.Tensor.to = failing
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return ringattn.attention(*(t.float() for t in (q, k, v)), **c)
+    finally:
+        torch.Tensor.to = to
+
+
 def cases():
     S = 12
     q, k, v = shard(S)
@@ -70,6 +87,8 @@ def cases():
         ("a q without storage on the last rank",
          lambda: ringattn.attention(q.to("meta") if LAST else q, k, v, **c), "q:"),
         ("out of memory on the last rank", oom_on_last_rank, "out of memory"),
+        ("the autocast cast out of memory on the last rank", lambda: cast_fails_on_last_rank(q, k, v, c),
+         f"rank {N - 1}: out of memory casting q, k, v to the autocast dtype torch.bfloat16"),
         ("causal='False' (a string, not a bool)",
          lambda: ringattn.attention(q, k, v, **c, causal="False"), "causal: 'False' is not a bool"),
         ("causal='False' on the last rank only",

@@ -217,7 +217,8 @@ def autocast_case():
     """Inside torch.autocast("cpu", dtype=torch.bfloat16), float32 q, k, v are cast first, as
     scaled_dot_product_attention's are: O is bfloat16 and bit for bit the O of q, k, v cast by hand,
     and the gradients reach the float32 tensors in float32, bit for bit that call's bfloat16
-    gradients widened. float64 tensors are not cast, and ranks that differ in autocast raise."""
+    gradients widened. float16 tensors are cast too, float64 tensors are not, and ranks that differ in
+    autocast raise."""
     S, H, D = 20, 2, 8
     pos = torch.from_numpy(ringattn.positions(S, N, RANK, "zigzag"))
     g = torch.Generator().manual_seed(7)
@@ -232,8 +233,10 @@ def autocast_case():
     (o_hand * do.to(o_hand.dtype)).sum().backward()
     ok = o.dtype == torch.bfloat16 and torch.equal(o, o_hand) and all(
         a.grad.dtype == torch.float32 and torch.equal(a.grad, b.grad.float()) for a, b in zip(leaves, by_hand))
-    with torch.autocast("cpu", dtype=torch.bfloat16):
+    with torch.autocast("cpu", dtype=torch.bfloat16):  # float16 is cast as float32 is, float64 is not
         ok = ok and ringattn.attention(*(t.double() for t in (q, k, v)), **args).dtype == torch.float64
+        ok = ok and torch.equal(ringattn.attention(*(t.half() for t in (q, k, v)), **args),
+                                ringattn.attention(*(t.half().bfloat16() for t in (q, k, v)), **args))
     ok = COMM.allreduce(int(ok), op=MPI.MIN) == 1
     if RANK == 0:
         print(f"{'ok ' if ok else 'BAD'} N={N} autocast bf16: O and gradients as for q, k, v cast by hand", flush=True)

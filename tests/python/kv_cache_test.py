@@ -12,8 +12,9 @@ for bit the same. A bf16 cache returns O in bf16 by default: the float32 O round
 bit as torch's .to() rounds it. The merge by all-gather (merge="gather") is held to the same.
 Then the bad calls: T = 0, a step whose q differs on one rank, a merge that is not one, a cache over
 its capacity, a dtype that is not the cache's (on every rank, or on one), a prompt shard of the wrong
-length on one rank, another merge on one rank, each the same error on every rank (none left waiting
-for a peer).
+length on one rank, another merge on one rank, a call one rank cannot bind (an extra positional
+argument, an unknown keyword, a missing argument, to the constructor or to a call), a prompt q of
+3 dimensions on one rank, each the same error on every rank (none left waiting for a peer).
 Keys holding -inf that leave a row only -inf scores give that row a NaN softmax, as torch's.
 """
 import sys
@@ -210,6 +211,9 @@ def main():
              raises("an unhashable dtype on one rank", lambda: ringattn.KVCache(
                  1, 2, 1, 8, dtype=[torch.float64] if RANK == N - 1 else torch.float64), "dtype"),
              # a call one rank cannot bind raises on every rank, as attention()'s does, not a TypeError there alone
+             raises("a keyword named self on the last rank", lambda: cache.decode(
+                 t(1, 2), t(1, 1), t(1, 1), **({"self": 1} if RANK == N - 1 else {})),
+                 "KVCache.decode: multiple values for argument 'self'"),
              raises("a positional return_lse on the last rank", lambda: cache.decode(
                  t(1, 2), t(1, 1), t(1, 1), *((True,) if RANK == N - 1 else ())),
                  "KVCache.decode: too many positional arguments"),
@@ -224,6 +228,8 @@ def main():
              raises("KVCache() without head_dim on the last rank", lambda: ringattn.KVCache(
                  1, 2, 1, *(() if RANK == N - 1 else (8,)), timeout=30),
                  "ringattn.KVCache(): missing a required argument: 'head_dim'"),
+             raises("timeout=10**400 on the last rank", lambda: ringattn.KVCache(
+                 1, 2, 1, 8, timeout=10**400 if RANK == N - 1 else 30), "timeout: 1000"),
              # without prompt_len, the prompt's length is counted only once every rank's q can be read
              raises("a prompt q of 3 dimensions on the last rank", lambda: ringattn.KVCache(
                  1, 2, 1, 8, dtype=torch.float64, timeout=30).prefill(
