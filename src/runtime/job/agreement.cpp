@@ -70,10 +70,10 @@ std::string first_difference(const std::vector<std::vector<PlanField>>& all) {
       parts += fmt::format("{}{} {} {}", parts.empty() ? "" : ", ", ranks_text(ranks), ranks.size() == 1 ? "has" : "have",
                            short_value(value));
     }
-    return fmt::format("ranks disagree on {}: {} (expected the same options and input files on every rank)", name,
+    return fmt::format("ranks disagree on {}: {} (expected the same options and inputs on every rank)", name,
                        parts);
   }
-  return "ranks disagree on their plans (expected the same options and input files on every rank)";
+  return "ranks disagree on their plans (expected the same options and inputs on every rank)";
 }
 
 }  // namespace
