@@ -4,6 +4,8 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+
 #include "jobs.hpp"
 #include "ringattn/comm/simulation.hpp"
 #include "ringattn/core/errors.hpp"
