@@ -44,6 +44,35 @@ def run(cmd, timeout=120, extra_env=None):
                           capture_output=True, text=True, timeout=timeout)
 
 
+_QUIET = {}
+
+
+def quiet_mpirun(mpirun):
+    """The launcher as the tests that count stderr lines start it: [mpirun, "-q"], so that Open MPI 4's
+    mpirun keeps its own words on a job's exit codes off stderr. Open MPI 5's mpirun has no -q (it
+    exits 213 on it) and is then started as [mpirun]."""
+    if mpirun not in _QUIET:
+        _QUIET[mpirun] = run([mpirun, "-q", "-np", 1, "true"], timeout=60).returncode == 0
+    return [mpirun, "-q"] if _QUIET[mpirun] else [mpirun]
+
+
+_MPMD = {}
+
+
+def mpmd_launches(mpirun):
+    """Whether mpirun starts a job of two programs (`-np 1 A : -np 1 B`), the way the tests give ranks
+    different options. Open MPI 5.0's mpirun on an external PMIx, as Debian 13 packages it, dies of a
+    segmentation fault on any such command line, `true` included: there a test skips its checks of
+    ranks that disagree, and says so, rather than fail on mpirun."""
+    if mpirun not in _MPMD:
+        p = run([mpirun, "-np", 1, "true", ":", "-np", 1, "true"], timeout=60)
+        _MPMD[mpirun] = p.returncode == 0
+        if p.returncode != 0:
+            print(f"SKIP ranks started with different options: `{mpirun} -np 1 true : -np 1 true` exits "
+                  f"{p.returncode}", flush=True)
+    return _MPMD[mpirun]
+
+
 def check(cond, what):
     print(("ok   " if cond else "FAIL ") + what, flush=True)
     if not cond:

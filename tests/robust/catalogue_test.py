@@ -29,7 +29,7 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from harness import env  # noqa: E402
+from harness import env, quiet_mpirun  # noqa: E402
 
 CASE_TIMEOUT_S = 30
 RANK_ADDRESS_SPACE = 4 << 30
@@ -337,7 +337,7 @@ def run_case(case, root, args):
         os.makedirs(os.path.join(d, "out"))
         argv += ["--out", os.path.join(d, "out")]
     before = snapshot(d)
-    cmd = [args.mpirun, "-q", "-np", str(case.np), args.binary, *argv]
+    cmd = [*quiet_mpirun(args.mpirun), "-np", str(case.np), args.binary, *argv]
     t0 = time.monotonic()
     p = subprocess.Popen(cmd, env=env(), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE, text=True,

@@ -35,7 +35,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from harness import check, env, main, run  # noqa: E402
+from harness import check, env, main, quiet_mpirun, run  # noqa: E402
 
 ARGS = None  # set by harness.main
 JOB = ["run", "--seq", 64, "--heads", 2, "--head-dim", 8, "--dtype", "f64"]
@@ -43,7 +43,7 @@ SLOW_JOB = ["run", "--seq", 32768, "--heads", 4]  # tens of seconds of compute p
 
 
 def ringattn(n, *args, timeout=120, extra_env=None):
-    return run([ARGS.mpirun, "-q", "-np", n, ARGS.binary, *args], timeout=timeout, extra_env=extra_env)
+    return run([*quiet_mpirun(ARGS.mpirun), "-np", n, ARGS.binary, *args], timeout=timeout, extra_env=extra_env)
 
 
 def error_lines(p):
@@ -212,7 +212,7 @@ def test_out_symlink_swap():
             os.mkdir(x)
             os.mkdir(y)
             os.symlink(x, link)
-            cmd = [ARGS.mpirun, "-q", "-np", "2", ARGS.binary, *map(str, job), "--out", link]
+            cmd = [*quiet_mpirun(ARGS.mpirun), "-np", "2", ARGS.binary, *map(str, job), "--out", link]
             p = subprocess.Popen(cmd, env=env(), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                  stderr=subprocess.PIPE, text=True)
             t0 = time.monotonic()

@@ -25,14 +25,14 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from harness import check, env, main  # noqa: E402
+from harness import check, env, main, quiet_mpirun  # noqa: E402
 
 END_WITHIN_S = 15
 ARGS = None  # set by harness.main
 
 
 def start(n, *args):
-    cmd = [ARGS.mpirun, "-q", "-np", str(n), ARGS.binary, "run", *map(str, args)]
+    cmd = [*quiet_mpirun(ARGS.mpirun), "-np", str(n), ARGS.binary, "run", *map(str, args)]
     print("$ " + " ".join(cmd), flush=True)
     return subprocess.Popen(cmd, env=env(), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
