@@ -34,38 +34,8 @@ done
 # The options bench.py takes: a bad one is one line and exit 2 before anything is made or mounted.
 /usr/bin/python3 "$ROOT/scripts/bench.py" vs-sdpa --parse-only "${PASS[@]}"
 
-# The first Debian mirror of this machine's apt sources (deb822 or one-line), else deb.debian.org.
-mirror() {
-  local url
-  url=$(grep -hs -m1 -E '^URIs:' /etc/apt/sources.list.d/*.sources | awk '{print $2}' | grep -m1 debian | grep -v security || true)
-  [ -n "$url" ] || url=$(grep -hs -E '^deb ' /etc/apt/sources.list /etc/apt/sources.list.d/*.list | awk '{print $2}' |
-                         grep -v security | head -n1 || true)
-  echo "${url:-http://deb.debian.org/debian}"
-}
-
-MOUNTED=()
-cleanup() {
-  local i
-  for ((i = ${#MOUNTED[@]} - 1; i >= 0; i--)); do umount -l "${MOUNTED[i]}" 2>/dev/null || true; done
-}
-trap cleanup EXIT
-
 if [ -z "$PY" ]; then
-  if [ ! -x "$DIR/usr/bin/python3" ] || [ ! -d "$DIR/usr/lib/python3/dist-packages/torch" ]; then
-    command -v debootstrap >/dev/null || { echo "bench_sdpa.sh: debootstrap is missing (scripts/setup.sh --debootstrap)" >&2; exit 3; }
-    [ "$(id -u)" = 0 ] || { echo "bench_sdpa.sh: making the chroot needs root" >&2; exit 3; }
-    URL=$(mirror)
-    echo "bench_sdpa.sh: debootstrap trixie with python3-torch into $DIR from $URL" >&2
-    mkdir -p "$DIR"
-    debootstrap --variant=minbase --include=python3-torch,python3-numpy,libopenblas0-pthread trixie "$DIR" "$URL" \
-      >"$DIR.debootstrap.log" 2>&1 || { echo "bench_sdpa.sh: debootstrap failed (log: $DIR.debootstrap.log)" >&2; exit 3; }
-  fi
-  for m in proc sys dev; do
-    if ! mountpoint -q "$DIR/$m"; then
-      mount --bind "/$m" "$DIR/$m" || { echo "bench_sdpa.sh: cannot mount /$m into $DIR" >&2; exit 3; }
-      MOUNTED+=("$DIR/$m")
-    fi
-  done
+  trixie_chroot "$DIR" python3-torch python3-numpy libopenblas0-pthread
   PY="chroot $DIR /usr/bin/env OPENBLAS_NUM_THREADS=1 /usr/bin/python3"
 fi
 

@@ -45,3 +45,51 @@ check_strategies() {  # check_strategies "LIST" MIN_U
     esac
   done
 }
+
+# The first Debian mirror of this machine's apt sources (deb822 or one-line), else deb.debian.org.
+debian_mirror() {
+  local url
+  url=$(grep -hs -m1 -E '^URIs:' /etc/apt/sources.list.d/*.sources | awk '{print $2}' | grep -m1 debian | grep -v security || true)
+  [ -n "$url" ] || url=$(grep -hs -E '^deb ' /etc/apt/sources.list /etc/apt/sources.list.d/*.list | awk '{print $2}' |
+                         grep -v security | head -n1 || true)
+  echo "${url:-http://deb.debian.org/debian}"
+}
+
+# trixie_chroot DIR PACKAGE...: a Debian 13 (trixie) chroot at DIR, made with debootstrap from this machine's
+# mirror when missing, with PACKAGES installed when any is missing, and /proc, /sys and /dev mounted into it
+# until the script exits (an EXIT trap). One line and exit 3 when any of that fails. Needs root.
+CHROOT_MOUNTS=()
+unmount_chroot() {
+  local i
+  for ((i = ${#CHROOT_MOUNTS[@]} - 1; i >= 0; i--)); do umount -l "${CHROOT_MOUNTS[i]}" 2>/dev/null || true; done
+}
+trixie_chroot() {
+  local dir=$1 me p m url missing=()
+  me=$(basename "$0")
+  shift
+  [ "$(id -u)" = 0 ] || { echo "$me: a chroot needs root" >&2; exit 3; }
+  if [ ! -x "$dir/usr/bin/apt-get" ]; then
+    command -v debootstrap >/dev/null || { echo "$me: debootstrap is missing (scripts/setup.sh --debootstrap)" >&2; exit 3; }
+    url=$(debian_mirror)
+    echo "$me: debootstrap trixie into $dir from $url (log: $dir.debootstrap.log)" >&2
+    mkdir -p "$dir"
+    debootstrap --variant=minbase --include="$(IFS=,; echo "$*")" trixie "$dir" "$url" >"$dir.debootstrap.log" 2>&1 ||
+      { echo "$me: debootstrap failed (log: $dir.debootstrap.log)" >&2; exit 3; }
+  fi
+  trap unmount_chroot EXIT
+  for m in proc sys dev; do  # recursive: Open MPI's shared memory needs the chroot's /dev/shm
+    if ! mountpoint -q "$dir/$m"; then
+      mount --rbind "/$m" "$dir/$m" || { echo "$me: cannot mount /$m into $dir" >&2; exit 3; }
+      CHROOT_MOUNTS+=("$dir/$m")
+    fi
+  done
+  for p in "$@"; do
+    chroot "$dir" dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+  done
+  [ ${#missing[@]} -eq 0 ] && return 0
+  echo "$me: installing ${missing[*]} into $dir (log: $dir.apt.log)" >&2
+  cp -L /etc/resolv.conf "$dir/etc/resolv.conf" 2>/dev/null || true
+  chroot "$dir" /usr/bin/env DEBIAN_FRONTEND=noninteractive /bin/sh -c \
+    'apt-get update -qq && apt-get install -y -qq --no-install-recommends "$@"' sh "${missing[@]}" >"$dir.apt.log" 2>&1 ||
+    { echo "$me: apt-get install failed in $dir (log: $dir.apt.log)" >&2; exit 3; }
+}

@@ -6,8 +6,9 @@
 #                               core (scripts/test_aarch64.sh)
 #   scripts/setup.sh --simgrid  also SimGrid (smpicxx, smpirun) for simulated clusters
 #                               (scripts/simulate.sh, scripts/test_simgrid.sh)
-#   scripts/setup.sh --debootstrap  also debootstrap, which scripts/bench_sdpa.sh uses to make its
-#                               Debian 13 chroot with PyTorch 2.x
+#   scripts/setup.sh --debootstrap  also debootstrap, which scripts/bench_sdpa.sh and
+#                               scripts/test_debian13.sh use to make their Debian 13 chroots
+#   scripts/setup.sh --list     print the packages, one per line, and install nothing
 set -euo pipefail
 
 packages=(
@@ -24,18 +25,21 @@ packages=(
   iproute2                            # two-namespace TCP test (scripts/netns_test.sh)
 )
 arm=0
+list=0
 for a in "$@"; do
   case "$a" in
     --aarch64) arm=1 ;;
     --simgrid) packages+=(libsimgrid-dev) ;;  # smpicxx, smpirun and the SimGrid library
-    --debootstrap) packages+=(debootstrap) ;;  # the PyTorch 2.x chroot of scripts/bench_sdpa.sh
-    *) echo "setup.sh: unknown option $a (expected --aarch64, --simgrid or --debootstrap)" >&2; exit 2 ;;
+    --debootstrap) packages+=(debootstrap) ;;  # the Debian 13 chroots
+    --list) list=1 ;;
+    *) echo "setup.sh: unknown option $a (expected --aarch64, --simgrid, --debootstrap or --list)" >&2; exit 2 ;;
   esac
 done
 if [ "$arm" = 1 ]; then
   packages+=(g++-aarch64-linux-gnu qemu-user-static
              libhwy-dev:arm64 libgtest-dev:arm64 libfmt-dev:arm64)
 fi
+if [ "$list" = 1 ]; then printf '%s\n' "${packages[@]}"; exit 0; fi
 
 SUDO=""
 if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
