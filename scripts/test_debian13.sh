@@ -6,6 +6,7 @@
 #
 #   scripts/test_debian13.sh [--chroot DIR] [ctest args...]      e.g. -L python
 #
+# Without ctest args, every test but the netns label: `ip netns exec` cannot remount / in a chroot.
 # DIR (default /var/tmp/ringattn-debian13/trixie) is made when missing, from this machine's Debian
 # mirror, with scripts/setup.sh's packages but Debian 12's clang-14 (so the fuzz target is skipped);
 # needs root and debootstrap (scripts/setup.sh --debootstrap). The committed HEAD is checked out in
@@ -19,10 +20,11 @@ ARGS=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --chroot) DIR=$(opt_value "$@"); shift 2 ;;
-    -h|--help) sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) ARGS+=("$1"); shift ;;
   esac
 done
+[ ${#ARGS[@]} -gt 0 ] || ARGS=(-LE netns)
 
 mapfile -t PACKAGES < <(bash "$ROOT/scripts/setup.sh" --list | grep -vx -e clang-14 -e libclang-rt-14-dev)
 trixie_chroot "$DIR" "${PACKAGES[@]}" git  # git: the docs tests list the tracked files
