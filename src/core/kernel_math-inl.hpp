@@ -22,6 +22,12 @@
 
 #include "ringattn/core/block_attention.hpp"
 
+// The x86 targets by their registers, whatever a Highway version names them (1.1 added SSE2,
+// AVX3_ZEN4 and AVX3_SPR): AVX-512's 32 of 16 floats, or the 16 of AVX2 down to SSE2. Highway
+// numbers its targets best first, so a newer AVX-512 target is one of the first class.
+#define RINGATTN_AVX512 (HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3)
+#define RINGATTN_X86_16_REGISTERS (HWY_ARCH_X86 && HWY_TARGET >= HWY_AVX2 && HWY_TARGET < HWY_EMU128)
+
 HWY_BEFORE_NAMESPACE();
 namespace ringattn::core::HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
@@ -67,7 +73,7 @@ HWY_INLINE hn::Vec<D> Exp2(D d, hn::Vec<D> x) {
     for (const auto c : std::span(C::kPoly).subspan(1)) p = hn::MulAdd(p, f, hn::Set(D(), c));
     return p;
   };
-#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+#if RINGATTN_AVX512
   // AVX-512 on whole vectors: f = x - round(x) by vreduce and n = x - f (one operation fewer than
   // the rounding shift below), p 2^n by vscalef, zeroed below kMin by its mask (not-less-than, so a
   // NaN stays NaN). n and f are the rounding shift's except where x + 1/2 is an integer: vreduce
@@ -120,7 +126,7 @@ void copy_rows(const S* src, Index n, Index D, A* dst, Index ldd) {
     for (Index d = 0; d < D; ++d) dst[i * ldd + d] = widen<A>(src[i * D + d]);
 }
 
-#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+#if RINGATTN_AVX512
 // The 16 x 16 block r[i][j] transposed in registers (r[j] then holds what was column j): the same
 // steps as the rounding packers' in amx_tiles.cpp, which shares no code with the kernels.
 HWY_INLINE void transpose16(__m512 r[16]) {
@@ -199,7 +205,7 @@ void transpose_rows(const S* K, Index tk, Index D, A* KT, Index ldkt) {
     }
   }
 #endif
-#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+#if RINGATTN_AVX512
   // f32 on AVX-512: 16 keys' rows read whole (16 values of each at a time), transposed in
   // registers, with the next 16 rows asked for ahead: K comes from memory once per chunk, and
   // a gather down a column waited on 16 lines for every vector

@@ -24,13 +24,13 @@ namespace hn = hwy::HWY_NAMESPACE;
 
 // Register blocking per target: the accumulators of a score block (rows x vectors) and of an
 // accumulate block, and the default tiles.
-#if HWY_TARGET == HWY_AVX2 || HWY_TARGET == HWY_SSE4 || HWY_TARGET == HWY_SSSE3
+#if RINGATTN_X86_16_REGISTERS
 constexpr int kScoreRows = 6, kScoreVecs = 2, kAccRows = 6, kAccVecs = 2;  // 16 registers: 12 accumulators
 constexpr Index kTileQ = 96, kTileK = 256;
 #elif HWY_TARGET == HWY_EMU128 || HWY_TARGET == HWY_SCALAR
 constexpr int kScoreRows = 4, kScoreVecs = 2, kAccRows = 4, kAccVecs = 2;
 constexpr Index kTileQ = 64, kTileK = 128;
-#elif HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL  // 32 registers of 16 floats
+#elif RINGATTN_AVX512  // 32 registers of 16 floats
 // 6 x 4 score blocks: 64 columns divide the 256 keys of a tile, and each depth step loads 4 vectors
 // and broadcasts 6 for 24 FMAs (8 x 3 left a third of a block at the end of every row)
 constexpr int kScoreRows = 6, kScoreVecs = 4, kAccRows = 6, kAccVecs = 4;
