@@ -49,15 +49,24 @@ check_strategies() {  # check_strategies "LIST" MIN_U
 # The first Debian mirror of this machine's apt sources (deb822 or one-line), else deb.debian.org.
 debian_mirror() {
   local url
-  url=$(grep -hs -m1 -E '^URIs:' /etc/apt/sources.list.d/*.sources | awk '{print $2}' | grep -m1 debian | grep -v security || true)
+  url=$(grep -hs -E '^URIs:' /etc/apt/sources.list.d/*.sources | awk '{print $2}' | grep -v security | grep -m1 debian || true)
   [ -n "$url" ] || url=$(grep -hs -E '^deb ' /etc/apt/sources.list /etc/apt/sources.list.d/*.list | awk '{print $2}' |
                          grep -v security | head -n1 || true)
   echo "${url:-http://deb.debian.org/debian}"
 }
 
-# trixie_chroot DIR PACKAGE...: a Debian 13 (trixie) chroot at DIR, made with debootstrap from this machine's
-# mirror when missing, with PACKAGES installed when any is missing, and /proc, /sys and /dev mounted into it
-# until the script exits (an EXIT trap). One line and exit 3 when any of that fails. Needs root.
+# The Debian 13 chroot that scripts/bench_sdpa.sh and scripts/test_debian13.sh share by default.
+TRIXIE_DIR=/var/tmp/ringattn-trixie
+
+# trixie_chroot DIR PACKAGE...: a Debian 13 (trixie) chroot at DIR, with PACKAGES installed when any is missing,
+# and /proc, /sys and /dev mounted into it until the script exits. Needs root. One line and exit 3 when any of
+# that fails.
+# - DIR is made with debootstrap from this machine's mirror when missing, in DIR.partial, renamed to DIR once
+#   complete; a DIR.partial left by an earlier failure is reported, not reused or removed (debootstrap may have
+#   left mounts in it).
+# - The mounts are recursive (Open MPI's shared memory needs the chroot's /dev/shm) and slaves, so that
+#   unmounting them never propagates to the host's own. They are unmounted by the EXIT trap this sets: a
+#   caller must not set an EXIT trap of its own.
 CHROOT_MOUNTS=()
 unmount_chroot() {
   local i
@@ -68,19 +77,23 @@ trixie_chroot() {
   me=$(basename "$0")
   shift
   [ "$(id -u)" = 0 ] || { echo "$me: a chroot needs root" >&2; exit 3; }
-  if [ ! -x "$dir/usr/bin/apt-get" ]; then
+  if [ ! -d "$dir" ]; then
+    [ ! -e "$dir.partial" ] ||
+      { echo "$me: $dir.partial is an unfinished debootstrap: unmount what is mounted in it, remove it, run again" >&2; exit 3; }
     command -v debootstrap >/dev/null || { echo "$me: debootstrap is missing (scripts/setup.sh --debootstrap)" >&2; exit 3; }
     url=$(debian_mirror)
     echo "$me: debootstrap trixie into $dir from $url (log: $dir.debootstrap.log)" >&2
-    mkdir -p "$dir"
-    debootstrap --variant=minbase --include="$(IFS=,; echo "$*")" trixie "$dir" "$url" >"$dir.debootstrap.log" 2>&1 ||
+    mkdir -p "$dir.partial"
+    debootstrap --variant=minbase --include="$(IFS=,; echo "$*")" trixie "$dir.partial" "$url" >"$dir.debootstrap.log" 2>&1 ||
       { echo "$me: debootstrap failed (log: $dir.debootstrap.log)" >&2; exit 3; }
+    mv "$dir.partial" "$dir"
   fi
   trap unmount_chroot EXIT
-  for m in proc sys dev; do  # recursive: Open MPI's shared memory needs the chroot's /dev/shm
+  for m in proc sys dev; do
     if ! mountpoint -q "$dir/$m"; then
       mount --rbind "/$m" "$dir/$m" || { echo "$me: cannot mount /$m into $dir" >&2; exit 3; }
       CHROOT_MOUNTS+=("$dir/$m")
+      mount --make-rslave "$dir/$m"
     fi
   done
   for p in "$@"; do

@@ -1,32 +1,34 @@
 #!/usr/bin/env bash
 # Build ringattn and run its tests on Debian 13 (trixie), in a debootstrap chroot: GCC 14, Open MPI 5
-# (whose launcher is PRRTE), Highway 1.2, Python 3.13 and PyTorch 2.6, against whose autograd the
-# kernels and the Python package are then checked. scripts/test.sh covers Debian 12 (GCC 12,
-# Open MPI 4.1, PyTorch 1.13). This one is run by hand, not by CI: its chroot is a 2 GB download.
+# (whose launcher is PRRTE), Highway 1.2, Python 3.13 and PyTorch 2.6, which is then the reference
+# of the torch tests and the framework of the Python package's. scripts/test.sh covers Debian 12
+# (GCC 12, Open MPI 4.1, PyTorch 1.13). This one is run by hand, not by CI: its chroot is a 2 GB
+# download.
 #
 #   scripts/test_debian13.sh [--chroot DIR] [ctest args...]      e.g. -L python
 #
-# Without ctest args, every test but the netns label: `ip netns exec` cannot remount / in a chroot.
-# DIR (default /var/tmp/ringattn-debian13/trixie) is made when missing, from this machine's Debian
-# mirror, with scripts/setup.sh's packages but Debian 12's clang-14 (so the fuzz target is skipped);
-# needs root and debootstrap (scripts/setup.sh --debootstrap). The committed HEAD is checked out in
-# DIR/ringattn/src and built in DIR/ringattn/build. Exit 2 on a bad option, 3 when the chroot cannot
-# be made, else the build's or ctest's exit.
+# The netns label is always left out: `ip netns exec` cannot remount / inside a chroot. DIR (default
+# /var/tmp/ringattn-trixie, shared with scripts/bench_sdpa.sh) is made when missing, from this
+# machine's Debian mirror, with scripts/setup.sh's packages except clang-14 and libclang-rt-14-dev,
+# which Debian 13 lacks (the fuzz target is then skipped). It needs root and debootstrap
+# (scripts/setup.sh --debootstrap). The committed HEAD is checked out in DIR/ringattn/src and built
+# in DIR/ringattn/build. Exit 2 on a bad option, 3 when the chroot cannot be made, else the build's
+# or ctest's exit.
 set -euo pipefail
 . "$(dirname "$0")/common.sh"
 
-DIR=/var/tmp/ringattn-debian13/trixie
+DIR=$TRIXIE_DIR
 ARGS=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --chroot) DIR=$(opt_value "$@"); shift 2 ;;
-    -h|--help) sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) ARGS+=("$1"); shift ;;
   esac
 done
-[ ${#ARGS[@]} -gt 0 ] || ARGS=(-LE netns)
 
-mapfile -t PACKAGES < <(bash "$ROOT/scripts/setup.sh" --list | grep -vx -e clang-14 -e libclang-rt-14-dev)
+LIST=$(bash "$ROOT/scripts/setup.sh" --list)
+mapfile -t PACKAGES < <(grep -vx -e clang-14 -e libclang-rt-14-dev <<<"$LIST")
 trixie_chroot "$DIR" "${PACKAGES[@]}" git  # git: the docs tests list the tracked files
 
 SRC="$DIR/ringattn/src"
@@ -43,4 +45,4 @@ chroot "$DIR" /bin/bash -c 'set -e
   cmake --build /ringattn/build -j "$1"
   cd /ringattn/build
   shift
-  ctest --output-on-failure --timeout 900 "$@"' bash "$JOBS" "${ARGS[@]}"
+  ctest --output-on-failure --timeout 900 -LE netns "$@"' bash "$JOBS" "${ARGS[@]}"
