@@ -63,13 +63,16 @@ def mpmd_launches(mpirun):
     """Whether mpirun starts a job of two programs (`-np 1 A : -np 1 B`), the way the tests give ranks
     different options. Open MPI 5.0's mpirun on an external PMIx, as Debian 13 packages it, dies of a
     segmentation fault on any such command line, `true` included: there a test skips its checks of
-    ranks that disagree, and says so, rather than fail on mpirun."""
+    ranks that disagree, and says so. Any other failure of mpirun fails the calling test."""
     if mpirun not in _MPMD:
         p = run([mpirun, "-np", 1, "true", ":", "-np", 1, "true"], timeout=60)
         _MPMD[mpirun] = p.returncode == 0
-        if p.returncode != 0:
-            print(f"SKIP ranks started with different options: `{mpirun} -np 1 true : -np 1 true` exits "
-                  f"{p.returncode}", flush=True)
+        if p.returncode < 0:  # killed by a signal
+            print(f"SKIP ranks started with different options: `{mpirun} -np 1 true : -np 1 true` died of "
+                  f"signal {-p.returncode}", flush=True)
+        else:
+            check(p.returncode == 0, f"`{mpirun} -np 1 true : -np 1 true` starts two programs "
+                                     f"({p.returncode}: {p.stderr.strip()[:200]})")
     return _MPMD[mpirun]
 
 

@@ -74,7 +74,7 @@ TEST(BlockAttention, Exp2IsWithinItsUlps) {
     for (const DType type : {DType::f32, DType::f64}) {
       const bool f64 = type == DType::f64;
       // f32, a degree-5 polynomial: 1.8 ulp where MulAdd is one fused operation, 2.1 where it is a
-      // product and a sum (the targets without FMA this build has: SSE4, EMU128); f64, degree 13:
+      // product and a sum (the targets without FMA: SSE4, SSE2, EMU128); f64, degree 13:
       // 1 ulp and 1.2
       const std::string t = simd::current();
       const bool fused = simd::fused_multiply_add();
