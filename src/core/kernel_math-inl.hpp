@@ -22,10 +22,10 @@
 
 #include "ringattn/core/block_attention.hpp"
 
-// The x86 targets by their registers, whatever a Highway version names them (1.1 added SSE2,
-// AVX3_ZEN4 and AVX3_SPR): AVX-512's 32 of 16 floats, or the 16 of AVX2 down to SSE2. Highway
-// numbers its targets best first, so a newer AVX-512 target is one of the first class.
-#define RINGATTN_AVX512 (HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3)
+// The x86 targets by their registers, whatever a Highway version names them (those after 1.0.3 add
+// SSE2, AVX3_ZEN4 and AVX3_SPR): AVX-512, 32 registers of 16 floats, or AVX2 down to SSE2, 16
+// registers. Highway numbers its targets best first; a future 256-bit AVX10 target would be neither.
+#define RINGATTN_AVX512 (HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3 && HWY_MAX_BYTES == 64)
 #define RINGATTN_X86_16_REGISTERS (HWY_ARCH_X86 && HWY_TARGET >= HWY_AVX2 && HWY_TARGET < HWY_EMU128)
 
 HWY_BEFORE_NAMESPACE();
