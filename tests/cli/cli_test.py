@@ -536,11 +536,13 @@ def test_help_defaults():
               f"--layout auto: contiguous without a causal mask ({cfg.get('layout')})")
         check(abs(cfg.get("scale", 0) - cfg.get("head_dim", 1) ** -0.5) < 1e-15, "--scale defaults to 1/sqrt(D)")
         check(cfg.get("traffic") == "aware", f"--traffic defaults to aware ({cfg.get('traffic')})")
-        # 0 means the SIMD target's own tiles: the report names them, and giving them explicitly
-        # changes nothing.
+        # Tiles: 0 means the SIMD target's own, which the report names, and giving them explicitly
+        # changes nothing. Strips are 32 rows unless given (0: none).
         tiles = [cfg.get("tile_q"), cfg.get("tile_k"), cfg.get("tile_strip")]
-        for opt in ("--tile-q", "--tile-k", "--tile-strip"):
+        for opt in ("--tile-q", "--tile-k"):
             check(stated.get(opt, "").startswith("0: the SIMD target's own"), f"{opt}: {stated.get(opt)}")
+        check(stated.get("--tile-strip", "").split()[0] == str(tiles[2]),
+              f"--tile-strip: help says {stated.get('--tile-strip')}, the job used {tiles[2]}")
         check(all(isinstance(t, int) and t > 0 for t in tiles), f"the target's tiles are reported: {tiles}")
         p = ringattn(1, "run", "--no-backward", "--tile-q", tiles[0], "--tile-k", tiles[1], "--tile-strip", tiles[2],
                      "--report", f"{d}/r2.json")

@@ -458,7 +458,8 @@ TEST(BlockAttention, OnlineSoftmaxIsIndependentOfBlockOrderAndSplit) {
       std::vector<double> m(pq.row_elems()), l(pq.row_elems()), acc(pq.q_elems());
       OnlineState<double> st{m.data(), l.data(), acc.data()};
       init_online_state(pq, st);
-      Workspace<double> ws = workspace<double>(Tiling{5, 4, 1 + trial % 3}, s.D, s.S, s.G());  // strips of 1, 2, 3 rows
+      // strips of 1, 2 or 3 rows, or none (0)
+      Workspace<double> ws = workspace<double>(Tiling{5, 4, trial % 4}, s.D, s.S, s.G());
       for (int o : order) {
         auto k = shard_packed<double>(g.k, s, s.HKV, blocks, o), v = shard_packed<double>(g.v, s, s.HKV, blocks, o);
         const KVBlock<double> kv{Packing{s.B, s.HKV, 1, blocks.size(o), s.D}, blocks.positions(o), k.data(), v.data()};
@@ -583,6 +584,8 @@ TEST(BlockAttention, PartialTilesAreComputedAsTrimmedStrips) {
       const double diagonal_pairs = double(strip) * strip * m * (m + 1) / 2;  // sum_k s * (k s)
       EXPECT_EQ(causal.flops, 4.0 * D * (n * (n - 1) / 2 * double(T * T) + n * diagonal_pairs)) << "strip " << strip;
     }
+    // Strips of 0 rows: none, every partial tile whole.
+    EXPECT_EQ(self_block_work(L, Mask::make(L, true, 0, {}), T, D, 0).flops, 4.0 * D * n * (n + 1) / 2 * T * T);
     // Strips of one row compute exactly the visible pairs: L(L+1)/2 for causal, and for a window
     // of W rows i-W < j <= i: sum_i min(i+1, W).
     EXPECT_EQ(self_block_work(L, Mask::make(L, true, 0, {}), T, D, 1).flops, 4.0 * D * L * (L + 1) / 2);

@@ -51,7 +51,8 @@ struct Tiling {
   Index q_rows = 0;       // rows of a query tile (positions x heads); 0: the SIMD target's default
   Index k_cols = 0;       // keys of a K/V tile; 0: the SIMD target's default
   Index strip_rows = 32;  // a partially visible tile is computed in strips of this many rows, each
-                          // trimmed to the keys its rows can see (a staircase along the diagonal)
+                          // trimmed to the keys its rows can see (a staircase along the diagonal);
+                          // 0: no strips, the tile is computed whole
   Index chunk_rows = 0;   // query rows are swept in chunks of this many (rounded up to whole tiles),
                           // each against every K/V tile; 0: as many as keep ~1 MiB of row operands
 };

@@ -80,7 +80,7 @@ struct PlanOptions {
   std::string dtype = "f32";          // storage type of q, k, v, dout: f32 | f64 | bf16 | f16
   std::string precision = "f32";      // f32 | bf16: P and dS rounded to bf16 before their products (bf16 dtype only)
   std::optional<double> timeout_s;    // watchdog on every wait (seconds); 0: none; empty: default_timeout
-  core::Tiling tiling;                // kernel tiles; zeros: the SIMD target's defaults
+  core::Tiling tiling;                // kernel tiles (zero q_rows, k_cols: the SIMD target's; see core::Tiling)
   std::string traffic = "aware";      // full | aware | skip-empty (see core::Traffic); the others with ring and usp only
   bool backward = true;               // whether a backward follows (memory and the default watchdog)
 };

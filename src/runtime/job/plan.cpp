@@ -212,8 +212,8 @@ void check_tiles(const core::Tiling& t, const OptionNames& n) {
   for (const auto& [o, v] : {std::pair{Option::tile_q, t.q_rows}, std::pair{Option::tile_k, t.k_cols},
                              std::pair{Option::tile_strip, t.strip_rows}})
     if (v < 0 || v > 65536)
-      fail(n, o, fmt::format("@{}: {} is outside 0..65536 (a tile size; 0: the SIMD target's default)",
-                             kTokens[size_t(o)], v));
+      fail(n, o, fmt::format("@{}: {} is outside 0..65536 (a tile size; 0: {})", kTokens[size_t(o)], v,
+                             o == Option::tile_strip ? "no strips" : "the SIMD target's default"));
 }
 
 Index largest_shard(core::LayoutKind kind, Index S, int N, const std::vector<Index>& partition) {
