@@ -13,7 +13,7 @@
 #       [--kv-heads 8] [--head-dim 128] [--dtype bf16] [--causal | --no-causal]
 #       [--real-max-flops F] [--run-args "..."] [--out build-smpi/simulate/sweep.csv]
 #       one simulated job per point and strategy, one CSV row each (then: scripts/plot.py FILE.csv);
-#       strategies: ring, ulysses, usp:U (usp with --ulysses-degree U); a strategy whose rules
+#       strategies: ring, ulysses, usp:U (usp with --ulysses-degree U), allgather; a strategy whose rules
 #       forbid the point (U must divide N and H) is skipped and said so
 #   scripts/simulate.sh --calibrate
 #       measure this host's kernel rate (`ringattn probe`), then compare a real N=2 job under

@@ -5,7 +5,7 @@
 #
 #   scripts/sweep.sh [--ranks "1 2 4"] [--seqs "1024 2048 4096 8192 16384"]
 #                    [--layouts "contiguous zigzag striped"] [--masks "causal"] [--causal | --no-causal]
-#                    [--strategies "ring ulysses usp:2"]
+#                    [--strategies "ring ulysses usp:2 allgather"]
 #                    [--heads 4] [--kv-heads H] [--head-dim 64] [--dtype f32] [--warmup 1] [--iters 2]
 #                    [--check-max-seq 4096] [--oversub-max-seq 8192] [--run-args "..."] [--no-probe]
 #                    [--build] [--out build/sweep/sweep.csv]
@@ -14,8 +14,8 @@
 # float64 reference is O(S^2) on rank 0: about 3 s at S = 4096, H = 4, against a second for the
 # run).
 # At N = 1 the layouts coincide, and so do the strategies: only the first of each runs.
-# --strategies: ring (default), ulysses, usp:U (usp with --ulysses-degree U). Points whose shape a
-# strategy's rules forbid (ulysses: H % N == 0; usp: U divides N and H) are skipped, and said so.
+# --strategies: ring (default), ulysses, usp:U (usp with --ulysses-degree U), allgather. Points whose
+# shape a strategy's rules forbid (ulysses: H % N == 0; usp: U divides N and H) are skipped, and said so.
 # With more ranks than cores (N > nproc) the ranks share cores and times mean little; those points
 # stop at --oversub-max-seq (their counts, bytes and imbalance are still exact).
 # Unless --no-probe, `ringattn probe` runs once first (N = 2) and writes FILE.probe.json next to the
@@ -23,7 +23,7 @@
 #
 # CSV columns (times in seconds, medians over --iters; "slowest" = max over ranks):
 #   N S B H HKV D dtype causal layout
-#   strategy ulysses_degree   ring, ulysses or usp, and its U (ring 1, ulysses N)
+#   strategy ulysses_degree   ring, ulysses, usp or allgather, and its U (ring and allgather 1, ulysses N)
 #   forward_s backward_s   the report's time: slowest rank, median over iterations
 #   compute_s wait_s       slowest rank's kernel time and exposed wait (forward + backward)
 #   a2a_wait_s             slowest rank's wait in all-to-alls (part of wait_s; 0 for ring)
@@ -117,7 +117,7 @@ for l in $LAYOUTS; do
   case "$l" in contiguous|striped|zigzag|auto) ;; *) die "--layouts: unknown layout '$l' (expected contiguous, striped, zigzag or auto)" ;; esac
 done
 case "$DTYPE" in f32|f64|bf16|f16) ;; *) die "--dtype: unknown dtype '$DTYPE' (expected bf16, f16, f32 or f64)" ;; esac
-[ -n "$STRATEGIES" ] || die "--strategies: no strategy (expected ring, ulysses or usp:U)"
+[ -n "$STRATEGIES" ] || die "--strategies: no strategy (expected ring, ulysses, allgather or usp:U)"
 why="$(check_strategies "$STRATEGIES" 1)" || die "$why"
 
 [ "$DO_BUILD" = 1 ] && build >/dev/null
@@ -144,7 +144,7 @@ skipped=""
 for N in $RANKS; do
   [ "$N" -ge 1 ] || die "--ranks: $N is not a rank count (expected >= 1)"
   for st in $STRATEGIES; do
-    case "$st" in ring) U=1 ;; ulysses) U=$N ;; usp:*) U="${st#usp:}" ;; esac
+    case "$st" in ring|allgather) U=1 ;; ulysses) U=$N ;; usp:*) U="${st#usp:}" ;; esac
     if [ $((N % U)) -ne 0 ] || [ $((HEADS % U)) -ne 0 ]; then
       skipped="$skipped N=$N:$st"
       continue
