@@ -50,6 +50,13 @@ def error_lines(p):
     return [l for l in p.stderr.splitlines() if l.startswith("ringattn") or "] [r" in l]
 
 
+def made(p, what):
+    """Checks that the job p exited 0, saying why not (its exit and last line): True if it did."""
+    tail = (p.stderr.strip().splitlines() or [""])[-1]
+    check(p.returncode == 0, what + ("" if p.returncode == 0 else f" (exit {p.returncode}: {tail[-300:]})"))
+    return p.returncode == 0
+
+
 def snapshot(d):
     """{name: bytes} of the visible files of d."""
     return {f: open(os.path.join(d, f), "rb").read() for f in sorted(os.listdir(d))
@@ -136,12 +143,13 @@ def finish_by(k, n, out):
 def test_failed_commit_puts_old_back():
     with tempfile.TemporaryDirectory() as d:
         ref = os.path.join(d, "ref")
-        check(ringattn(2, *JOB, "--seed", 1, "--out", ref).returncode == 0, "the old set")
+        if not made(ringattn(2, *JOB, "--seed", 1, "--out", ref), "the old set"):
+            return
         old = snapshot(ref)
         # a rename that fails at step k (hidden hook): exit 3, the old set byte for byte, nothing hidden
         for k in (1, 2, 3, 11, 12, 16, 20):
             out = os.path.join(d, f"fail{k}")
-            check(ringattn(2, *JOB, "--seed", 1, "--out", out).returncode == 0, f"k={k}: the old set")
+            made(ringattn(2, *JOB, "--seed", 1, "--out", out), f"k={k}: the old set")
             p = ringattn(2, *JOB, "--seed", 2, "--out", out, timeout=60,
                          extra_env={"RINGATTN_DEBUG_FAIL_AT_COMMIT_STEP": str(k)})
             lines = error_lines(p)
@@ -155,7 +163,7 @@ def test_failed_commit_puts_old_back():
         fail, k, ended = 15, 16, False
         while not ended and k < 60:
             out = os.path.join(d, f"back{k}")
-            check(ringattn(2, *JOB, "--seed", 1, "--out", out).returncode == 0, f"k={k}: the old set")
+            made(ringattn(2, *JOB, "--seed", 1, "--out", out), f"k={k}: the old set")
             p = ringattn(2, *JOB, "--seed", 2, "--out", out, timeout=60,
                          extra_env={"RINGATTN_DEBUG_FAIL_AT_COMMIT_STEP": str(fail),
                                     "RINGATTN_DEBUG_KILL_AT_COMMIT_STEP": str(k)})
