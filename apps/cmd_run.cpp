@@ -47,7 +47,7 @@ Command add_run_command(CLI::App& parent) {
               "keys per tile (default 0: the SIMD target's own; the report's config.tile_k says which)");
   add_integer(run, "--tile-strip", c.tiling.strip_rows,
               "rows per strip of a partially visible tile, each strip trimmed to the keys it sees (default 32; 0: "
-              "no strips, such a tile is computed whole)");
+              "no strips, such a tile is one piece, trimmed only to the keys any of its rows sees)");
 #ifdef RINGATTN_SMPI
   run->add_flag("--timing-only", c.timing_only,
                 "simulation: charge the kernels' counted flops to the simulated hosts instead of computing "

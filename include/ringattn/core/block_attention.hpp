@@ -52,7 +52,7 @@ struct Tiling {
   Index k_cols = 0;       // keys of a K/V tile; 0: the SIMD target's default
   Index strip_rows = 32;  // a partially visible tile is computed in strips of this many rows, each
                           // trimmed to the keys its rows can see (a staircase along the diagonal);
-                          // 0: no strips, the tile is computed whole
+                          // 0: no strips, one piece trimmed to the keys any of its rows sees
   Index chunk_rows = 0;   // query rows are swept in chunks of this many (rounded up to whole tiles),
                           // each against every K/V tile; 0: as many as keep ~1 MiB of row operands
 };

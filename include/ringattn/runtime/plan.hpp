@@ -113,7 +113,7 @@ struct AttentionPlan {
   core::Precision precision = core::Precision::f32;
   std::vector<double> sinks;      // [H], or empty
   std::vector<Index> doc_lens;    // the documents, from doc_lens or cu_seqlens; empty: none
-  core::Tiling tiling;     // as given (0: the target's default, resolved per strategy in setup())
+  core::Tiling tiling;     // as given (zero tiles: the target's, resolved per strategy in setup())
   core::Traffic traffic = core::Traffic::aware;
   double timeout_s = 0;    // the watchdog
   bool backward = true;
