@@ -13,7 +13,7 @@ Writes four PNGs next to the CSV (or in --outdir), named after it:
   STEM_imbalance.png  max / mean FLOPs over ranks per layout and N (causal rows of the ring), with the
                       block models 2N/(N+1) and (2N-1)/N for contiguous shards.
 Every chart keeps its legend beside the axes, and every strategy has one colour and one marker in
-all of them (ring blue circles, ulysses orange squares, usp by its U).
+all of them (ring blue circles, ulysses orange squares, allgather grey stars, usp by its U).
 
 beta is the machine's FLOP/byte ratio measured by `ringattn probe` (compute rate / ring bandwidth at
 one K/V block): --beta, or the "beta" of --probe, or of STEM.probe.json next to the CSV when sweep.sh
@@ -50,13 +50,14 @@ LAYOUT_STYLE = {"contiguous": ("o", "-"), "zigzag": ("s", "--"), "striped": ("^"
 # matplotlib's default cycle, written out so that the charts and the table need no import
 COLORS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf"]
 # One colour and one marker per strategy, the same in every chart: ring blue circles, ulysses
-# orange squares, usp a green/red/purple/brown triangle or diamond by its U.
-STRATEGY_STYLE = {"ring": ("#1f77b4", "o"), "ulysses": ("#ff7f0e", "s"), "usp:2": ("#2ca02c", "^"),
-                  "usp:4": ("#d62728", "v"), "usp:8": ("#9467bd", "D"), "usp:16": ("#8c564b", "P")}
+# orange squares, allgather grey stars, usp a green/red/purple/brown triangle or diamond by its U.
+STRATEGY_STYLE = {"ring": ("#1f77b4", "o"), "ulysses": ("#ff7f0e", "s"), "allgather": ("#7f7f7f", "*"),
+                  "usp:2": ("#2ca02c", "^"), "usp:4": ("#d62728", "v"), "usp:8": ("#9467bd", "D"),
+                  "usp:16": ("#8c564b", "P")}
 
 
 def strategy_style(name):
-    """(colour, marker) of a strategy named ring, ulysses or usp:U (usp U=U also accepted)."""
+    """(colour, marker) of a strategy named ring, ulysses, allgather or usp:U (usp U=U also accepted)."""
     name = name.replace(" U=", ":")
     return STRATEGY_STYLE.get(name, ("#e377c2", "X"))
 

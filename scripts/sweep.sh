@@ -26,7 +26,7 @@
 #   strategy ulysses_degree   ring, ulysses, usp or allgather, and its U (ring and allgather 1, ulysses N)
 #   forward_s backward_s   the report's time: slowest rank, median over iterations
 #   compute_s wait_s       slowest rank's kernel time and exposed wait (forward + backward)
-#   a2a_wait_s             slowest rank's wait in all-to-alls (part of wait_s; 0 for ring)
+#   a2a_wait_s             slowest rank's wait in all-to-alls (part of wait_s; 0 for ring and allgather)
 #   wait_ratio             sum of wait / sum of compute over ranks (forward + backward)
 #   fwd_wait_ratio         the same for the forward pass alone, from the last iteration's trace
 #   bytes                  bytes sent by all ranks (forward, replay and gradient returns)
@@ -34,7 +34,7 @@
 #   tile_pairs             computed tile pairs, all ranks
 #   imbalance              max / mean FLOPs over ranks (1 = balanced)
 #   step_intensity         I_step from `ringattn plan` (FLOP/byte, halved when causal): of the ring
-#                          between the groups for usp, empty for ulysses (no ring)
+#                          between the groups for usp, empty for ulysses and allgather (no ring)
 #   max_error              largest check.max_rel_err of o, lse, dq, dk, dv (empty without --check)
 #   status                 ok, check-failed or exit-<code>
 set -euo pipefail

@@ -24,7 +24,8 @@ def main(argv):
                               D, "--bytes", str(p)] + (["--causal"] if causal else []) + ["--json"],
                              capture_output=True, text=True)
     plan = json.loads(planned.stdout) if planned.returncode == 0 else {}
-    # the plan's row for this strategy: I_step of the ring between the groups (none for ulysses);
+    # the plan's row for this strategy: I_step of the ring between the groups (none for ulysses and
+    # allgather);
     # usp with U = 1 is the ring, with U = N ulysses
     same = {"1": "ring", N: "ulysses"}.get(U, strategy) if strategy == "usp" else strategy
     est = [x for x in plan.get("strategies", []) if x.get("strategy") == same and x.get("ulysses_degree") == int(U)]

@@ -1,11 +1,12 @@
 #pragma once
-// `ringattn probe`: measure this machine in three steps, under mpirun.
+// `ringattn probe`: measure this machine in three steps, under mpirun, and a fourth on request.
 //   1. ring sendrecv bandwidth between neighbours, 4 KiB .. 64 MiB;
 //   2. the block compute rate of this shape: block_forward on a shard-size block, S/N x S/N;
 //   3. beta = compute rate / bandwidth at one K/V block, the predicted per-step comm/compute
 //      beta / I_step, and the measured one from the real ring for this shape, with the verdict.
-// With --strategies, each strategy named (ring, ulysses, usp) is then timed forward and backward
-// on the live ranks for the shape; those the shape forbids are listed with the reason, not run.
+//   4. with --strategies, each strategy named (ring, ulysses, usp, allgather) is timed forward and
+//      backward on the live ranks for the shape; those the shape forbids are listed with the
+//      reason, not run.
 // The measurements and their JSON; the command line prints the tables.
 #include <optional>
 #include <string>
