@@ -51,9 +51,10 @@ def error_lines(p):
 
 
 def made(p, what):
-    """Checks that the job p exited 0, saying why not (its exit and last line): True if it did."""
-    tail = (p.stderr.strip().splitlines() or [""])[-1]
-    check(p.returncode == 0, what + ("" if p.returncode == 0 else f" (exit {p.returncode}: {tail[-300:]})"))
+    """Checks that the job p exited 0, saying why not (its exit and ringattn's line, else the first
+    line of mpirun's that is not a rule): True if it did."""
+    why = (error_lines(p) or [l for l in p.stderr.splitlines() if l.strip("- ")] or [""])[0]
+    check(p.returncode == 0, what + ("" if p.returncode == 0 else f" (exit {p.returncode}: {why[-300:]})"))
     return p.returncode == 0
 
 
@@ -82,8 +83,8 @@ def test_kill_at_each_commit_step():
         for n in (2, 3):
             for name, seed in (("the old set", 1), ("the new set", 2)):
                 ref = os.path.join(d, f"ref{n}_{seed}")
-                p = ringattn(n, *JOB, "--seed", seed, "--out", ref)
-                check(p.returncode == 0, f"reference run N={n} seed {seed} ({p.returncode}: {error_lines(p)[:1]})")
+                if not made(ringattn(n, *JOB, "--seed", seed, "--out", ref), f"reference run N={n} seed {seed}"):
+                    return
                 refs.setdefault(n, {})[name] = snapshot(ref)
             check(refs[n]["the old set"] != refs[n]["the new set"] and len(refs[n]["the new set"]) == 9,
                   f"N={n}: two different complete sets of 9 files: {sorted(refs[n]['the new set'])}")
@@ -94,8 +95,8 @@ def test_kill_at_each_commit_step():
             if n == 2 and steps is not None and k > steps:
                 continue
             out = os.path.join(d, f"out{n}_{k}")
-            p = ringattn(n, *JOB, "--seed", 1, "--out", out)
-            check(p.returncode == 0, f"N={n} k={k}: the old set ({p.returncode})")
+            if not made(ringattn(n, *JOB, "--seed", 1, "--out", out), f"N={n} k={k}: the old set"):
+                continue
             p = ringattn(n, *JOB, "--seed", 2, "--out", out, timeout=60,
                          extra_env={"RINGATTN_DEBUG_KILL_AT_COMMIT_STEP": str(k)})
             if p.returncode == 0:
@@ -149,7 +150,8 @@ def test_failed_commit_puts_old_back():
         # a rename that fails at step k (hidden hook): exit 3, the old set byte for byte, nothing hidden
         for k in (1, 2, 3, 11, 12, 16, 20):
             out = os.path.join(d, f"fail{k}")
-            made(ringattn(2, *JOB, "--seed", 1, "--out", out), f"k={k}: the old set")
+            if not made(ringattn(2, *JOB, "--seed", 1, "--out", out), f"k={k}: the old set"):
+                continue
             p = ringattn(2, *JOB, "--seed", 2, "--out", out, timeout=60,
                          extra_env={"RINGATTN_DEBUG_FAIL_AT_COMMIT_STEP": str(k)})
             lines = error_lines(p)
@@ -163,7 +165,9 @@ def test_failed_commit_puts_old_back():
         fail, k, ended = 15, 16, False
         while not ended and k < 60:
             out = os.path.join(d, f"back{k}")
-            made(ringattn(2, *JOB, "--seed", 1, "--out", out), f"k={k}: the old set")
+            if not made(ringattn(2, *JOB, "--seed", 1, "--out", out), f"k={k}: the old set"):
+                k += 1
+                continue
             p = ringattn(2, *JOB, "--seed", 2, "--out", out, timeout=60,
                          extra_env={"RINGATTN_DEBUG_FAIL_AT_COMMIT_STEP": str(fail),
                                     "RINGATTN_DEBUG_KILL_AT_COMMIT_STEP": str(k)})
