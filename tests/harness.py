@@ -10,6 +10,7 @@ Scripts import it with their parent directory on sys.path:
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 """
 import argparse
+import functools
 import os
 import subprocess
 import sys
@@ -44,42 +45,37 @@ def run(cmd, timeout=120, extra_env=None):
                           capture_output=True, text=True, timeout=timeout)
 
 
-_QUIET = {}
-
-
+@functools.cache
 def quiet_mpirun(mpirun):
     """The launcher as the tests that count stderr lines start it: [mpirun, "-q"], so that Open MPI 4's
     mpirun keeps its own words on a job's exit codes off stderr. Open MPI 5's mpirun has no -q (it
     exits 213 on it) and is then started as [mpirun]."""
-    if mpirun not in _QUIET:
-        _QUIET[mpirun] = run([mpirun, "-q", "-np", 1, "true"], timeout=60).returncode == 0
-    return [mpirun, "-q"] if _QUIET[mpirun] else [mpirun]
+    quiet = run([mpirun, "-q", "-np", 1, "true"], timeout=60).returncode == 0
+    return [mpirun, "-q"] if quiet else [mpirun]
 
 
-_MPMD = {}
-
-
+@functools.cache
 def mpmd_launches(mpirun):
     """Whether mpirun starts a job of two programs (`-np 1 A : -np 1 B`), the way the tests give ranks
     different options. Open MPI 5.0's mpirun on an external PMIx, as Debian 13 packages it, dies of a
     segmentation fault on any such command line, `true` included: there a test skips its checks of
     ranks that disagree, and says so. Any other failure of mpirun fails the calling test."""
-    if mpirun not in _MPMD:
-        p = run([mpirun, "-np", 1, "true", ":", "-np", 1, "true"], timeout=60)
-        _MPMD[mpirun] = p.returncode == 0
-        if p.returncode < 0:  # killed by a signal
-            print(f"SKIP ranks started with different options: `{mpirun} -np 1 true : -np 1 true` died of "
-                  f"signal {-p.returncode}", flush=True)
-        else:
-            check(p.returncode == 0, f"`{mpirun} -np 1 true : -np 1 true` starts two programs "
-                                     f"({p.returncode}: {p.stderr.strip()[:200]})")
-    return _MPMD[mpirun]
+    p = run([mpirun, "-np", 1, "true", ":", "-np", 1, "true"], timeout=60)
+    if p.returncode < 0:  # killed by a signal
+        print(f"SKIP ranks started with different options: `{mpirun} -np 1 true : -np 1 true` died of "
+              f"signal {-p.returncode}", flush=True)
+    else:
+        check(p.returncode == 0, f"`{mpirun} -np 1 true : -np 1 true` starts two programs "
+                                 f"({p.returncode}: {p.stderr.strip()[:200]})")
+    return p.returncode == 0
 
 
 def check(cond, what):
+    """Prints the check and records a failure; returns cond, so that a caller can stop on it."""
     print(("ok   " if cond else "FAIL ") + what, flush=True)
     if not cond:
         FAILURES.append(what)
+    return cond
 
 
 def main(namespace, add_arguments=None):

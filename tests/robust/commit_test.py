@@ -54,8 +54,7 @@ def made(p, what):
     """Checks that the job p exited 0, saying why not (its exit and ringattn's line, else the first
     line of mpirun's that is not a rule): True if it did."""
     why = (error_lines(p) or [l for l in p.stderr.splitlines() if l.strip("- ")] or [""])[0]
-    check(p.returncode == 0, what + ("" if p.returncode == 0 else f" (exit {p.returncode}: {why[-300:]})"))
-    return p.returncode == 0
+    return check(p.returncode == 0, what + ("" if p.returncode == 0 else f" (exit {p.returncode}: {why[-300:]})"))
 
 
 def snapshot(d):
